@@ -1,0 +1,33 @@
+# frozen_string_literal: true
+
+module Serval
+  # Every error Serval raises is a Serval::Error.
+  class Error < StandardError; end
+
+  # A configuration value is wrong; raised at boot, the message names the option.
+  class ConfigError < Error; end
+
+  # The peer went away or stopped reading: the response cannot be completed.
+  # Raised by the native core from Request#write / #finish; never a 5xx, the
+  # connection is simply closed.
+  class ConnectionError < Error; end
+
+  # The client did not read its response within write_timeout.
+  class WriteTimeout < ConnectionError; end
+
+  # The application returned something the HTTP/1.1 wire cannot carry
+  # (an invalid status, a header name that is not a token, CR/LF in a value).
+  # Answered with a 500 when nothing was sent yet.
+  class BadResponse < Error; end
+
+  # Marks errors caused by the client's request; the native parser answers
+  # those itself, this class exists for Ruby-side checks (e.g. reading rack.input).
+  class ClientError < Error
+    attr_reader :status
+
+    def initialize(message = nil, status: 400)
+      super(message)
+      @status = status
+    end
+  end
+end
