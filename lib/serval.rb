@@ -1,0 +1,13 @@
+# frozen_string_literal: true
+
+require "serval/version"
+require "serval/errors"
+require "serval/configuration"
+require "serval/log_writer"
+require "serval/binder"
+require "serval/launcher"
+require "serval/server"
+
+# Serval: a Rack application server with a native I/O core. See docs/DESIGN.md.
+module Serval
+end

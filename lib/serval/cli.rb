@@ -1,0 +1,135 @@
+# frozen_string_literal: true
+
+require "optparse"
+require "serval/version"
+require "serval/errors"
+require "serval/configuration"
+require "serval/dsl"
+require "serval/log_writer"
+
+module Serval
+  # `serval [options] [rackup file]`. Flags are applied through the same DSL as
+  # the config file (so they are checked the same way) into the top layer.
+  class CLI
+    # flag => [DSL method, value name, help]
+    LIMITS = {
+      "--max-body" => [:max_body, "BYTES", "Largest request body accepted (413 above)"],
+      "--body-spill" => [:body_spill, "BYTES", "Bodies above this go to a temp file"],
+      "--max-request-line" => [:max_request_line, "BYTES", "Longest request line (414 above)"],
+      "--max-head" => [:max_head, "BYTES", "Largest request head (431 above)"],
+      "--max-headers" => [:max_headers, "N", "Most header fields per request (431 above)"],
+      "--max-connections" => [:max_connections, "N", "Open connections before accept pauses"],
+      "--max-keepalive-requests" => [:max_keepalive_requests, "N", "Requests per keep-alive connection"],
+      "--output-buffer" => [:output_buffer, "BYTES", "Response bytes buffered per connection"],
+      "--first-data-timeout" => [:first_data_timeout, "SEC", "Wait for a new connection's first byte"],
+      "--read-timeout" => [:read_timeout, "SEC", "Wait between bytes of a request"],
+      "--persistent-timeout" => [:persistent_timeout, "SEC", "Idle keep-alive wait"],
+      "--write-timeout" => [:write_timeout, "SEC", "Wait for a slow reader to take bytes"],
+      "--drain-timeout" => [:drain_timeout, "SEC", "Graceful stop: time for in-flight requests"],
+      "--thread-idle-timeout" => [:thread_idle_timeout, "SEC", "Idle time before a thread above min exits"],
+      "--backlog" => [:backlog, "N", "listen(2) backlog for binds without ?backlog="],
+      "--tmpdir" => [:tmpdir, "DIR", "Where large bodies are spilled"]
+    }.freeze
+
+    def initialize(argv, stdout: $stdout, stderr: $stderr)
+      @argv = argv.dup
+      @stdout = stdout
+      @stderr = stderr
+      @cli = {}
+      @config_file = nil
+      @dsl = DSL.new(@cli, ->(msg) { @stderr.puts(msg) })
+    end
+
+    # Returns the process exit status.
+    def run
+      return 0 if parse == :done
+
+      options = Configuration.load(cli: @cli, config_file: @config_file, warn: ->(msg) { @stderr.puts(msg) })
+      log_writer = LogWriter.new(stdout: @stdout, stderr: @stderr,
+                                 quiet: options[:quiet], verbose: options[:verbose])
+      run_launcher(options, log_writer)
+    rescue OptionParser::ParseError => e
+      fail_with("#{e.message} (see serval --help)")
+    rescue ConfigError => e
+      fail_with(e.message)
+    end
+
+    private
+
+    def run_launcher(options, log_writer)
+      require "serval/launcher"
+      Launcher.new(options, log_writer: log_writer).run
+    rescue ConfigError
+      raise
+    rescue StandardError, ScriptError => e
+      log_writer.exception(e, "serval: boot failed")
+      1
+    end
+
+    def fail_with(message)
+      @stderr.puts("serval: #{message}")
+      1
+    end
+
+    def parse
+      rest = parser.parse(@argv)
+      return :done if @done
+      raise ConfigError, "too many arguments: #{rest.join(' ')} (one rackup file at most)" if rest.size > 1
+
+      @dsl.rackup(rest.first) if rest.first
+      nil
+    end
+
+    def parser
+      OptionParser.new do |o|
+        o.banner = "Usage: serval [options] [rackup file (default config.ru)]"
+        o.require_exact = true
+        o.separator ""
+        basic_options(o)
+        o.separator ""
+        o.separator "Limits and timeouts (see docs/configuration.md):"
+        LIMITS.each do |flag, (method, arg, help)|
+          o.on("#{flag} #{arg}", help) { |v| @dsl.public_send(method, v) }
+        end
+        o.separator ""
+        puma_options(o)
+      end
+    end
+
+    def basic_options(o)
+      o.on("-b", "--bind URI", "Listen on URI: tcp://HOST:PORT, unix://PATH (repeatable)") { |v| @dsl.bind(v) }
+      o.on("-p", "--port PORT", "Listen on tcp://0.0.0.0:PORT (repeatable)") { |v| @dsl.port(v) }
+      o.on("-t", "--threads MIN:MAX", "Thread pool size (-t N means N:N; default 0:5)") { |v| threads(v) }
+      o.on("-e", "--environment ENV", "App environment (default development)") { |v| @dsl.environment(v) }
+      o.on("-C", "--config FILE", "Config file (default config/serval.rb; - for none)") { |v| @config_file = v }
+      o.on("--dir DIR", "Change to DIR before loading the app") { |v| @dsl.directory(v) }
+      o.on("--pidfile PATH", "Write the process id to PATH") { |v| @dsl.pidfile(v) }
+      o.on("--tag NAME", "Add NAME to the process title") { |v| @dsl.tag(v) }
+      o.on("--log-requests", "Log one line per request on stdout") { @dsl.log_requests(true) }
+      o.on("-q", "--quiet", "Do not print boot and stop messages") { @dsl.quiet(true) }
+      o.on("-v", "--verbose", "Print debugging detail") { @dsl.verbose(true) }
+      o.on("--early-hints", "Let the app send 103 Early Hints") { @dsl.early_hints(true) }
+      o.on("-V", "--version", "Print the version and exit") { done(@stdout.puts("Serval #{VERSION}")) }
+      o.on("-h", "--help", "Show this help and exit") { done(@stdout.puts(o.help)) }
+    end
+
+    # Accepted for Puma compatibility; they only warn.
+    def puma_options(o)
+      o.separator "Accepted from Puma, not supported yet (warn only):"
+      o.on("-w", "--workers N", "Cluster mode (0 = single mode)") { |v| @dsl.workers(v) }
+      o.on("--preload", "Preload the app before forking") { @dsl.preload_app! }
+      o.on("--fork-worker [N]", "Refork from worker 0") { @dsl.fork_worker }
+    end
+
+    def done(_)
+      @done = true
+    end
+
+    def threads(value)
+      min, max, extra = value.split(":", -1)
+      raise ConfigError, "threads: expected MIN:MAX or N, got #{value.inspect}" if extra || min.nil?
+
+      @dsl.threads(min, max || min)
+    end
+  end
+end

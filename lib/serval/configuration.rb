@@ -1,0 +1,223 @@
+# frozen_string_literal: true
+
+require "tmpdir"
+require "serval/errors"
+
+module Serval
+  # Builds the frozen options hash the Server receives, from three layers:
+  # DEFAULTS < config file (DSL) < command line / handler options.
+  # Every value is checked here, at boot; a wrong value raises ConfigError
+  # whose message starts with the option's name.
+  class Configuration
+    DEFAULTS = {
+      binds: ["tcp://0.0.0.0:9292"].freeze,
+      min_threads: 0,
+      max_threads: 5,
+      environment: (ENV["APP_ENV"] || ENV["RACK_ENV"] || ENV["RAILS_ENV"] || "development").dup.freeze,
+      rackup: "config.ru",
+      directory: nil,
+      pidfile: nil,
+      tag: nil,
+      log_requests: false,
+      quiet: false,
+      verbose: false,
+      lowlevel_error_handler: nil,
+      early_hints: false,
+      max_request_line: 8192,
+      max_head: 65_536,
+      max_headers: 128,
+      max_body: 104_857_600,
+      body_spill: 262_144,
+      max_chunk_ext: 1024,
+      first_data_timeout: 30.0,
+      read_timeout: 30.0,
+      persistent_timeout: 20.0,
+      write_timeout: 30.0,
+      max_connections: 1024,
+      output_buffer: 4_194_304,
+      max_keepalive_requests: 1000,
+      tmpdir: Dir.tmpdir.dup.freeze,
+      drain_timeout: 30.0,
+      thread_idle_timeout: 30.0,
+      backlog: 1024
+    }.freeze
+
+    DAY = 86_400.0
+    INT_MAX = 2**31 - 1
+
+    # key => [kind, minimum, maximum]
+    RULES = {
+      binds: [:binds],
+      min_threads: [:int, 0, 4096],
+      max_threads: [:int, 1, 4096],
+      environment: [:string],
+      rackup: [:string],
+      directory: [:string_or_nil],
+      pidfile: [:string_or_nil],
+      tag: [:string_or_nil],
+      log_requests: [:bool],
+      quiet: [:bool],
+      verbose: [:bool],
+      lowlevel_error_handler: [:handler],
+      early_hints: [:bool],
+      max_request_line: [:int, 64, 1 << 20],
+      max_head: [:int, 256, 16 << 20],
+      max_headers: [:int, 1, 10_000],
+      max_body: [:int, 0, 1 << 62],
+      body_spill: [:int, 0, 1 << 30],
+      max_chunk_ext: [:int, 0, 1 << 20],
+      first_data_timeout: [:seconds, 0.001, DAY],
+      read_timeout: [:seconds, 0.001, DAY],
+      persistent_timeout: [:seconds, 0.001, DAY],
+      write_timeout: [:seconds, 0.001, DAY],
+      max_connections: [:int, 1, 1_000_000],
+      output_buffer: [:int, 1024, 1 << 30],
+      max_keepalive_requests: [:int, 1, INT_MAX],
+      tmpdir: [:directory],
+      drain_timeout: [:seconds, 0.0, DAY],
+      thread_idle_timeout: [:seconds, 0.001, DAY],
+      backlog: [:int, 1, 65_535]
+    }.freeze
+
+    # Default config files, tried in order (Puma's convention with our name).
+    def self.default_files(environment)
+      ["config/serval/#{environment}.rb", "config/serval.rb"]
+    end
+
+    # cli:         options from the command line (already coerced by the DSL)
+    # config_file: a path, nil (look for the default files) or "-" (none)
+    # warn:        callable receiving warning lines
+    def self.load(cli: {}, config_file: nil, warn: ->(msg) { Kernel.warn(msg) })
+      new(cli: cli, config_file: config_file, warn: warn).options
+    end
+
+    attr_reader :options, :config_file
+
+    def initialize(cli: {}, config_file: nil, warn: ->(msg) { Kernel.warn(msg) })
+      require "serval/dsl"
+      @warn = warn
+      @config_file = find_file(config_file, cli[:environment] || DEFAULTS[:environment])
+      file_options = {}
+      DSL.new(file_options, warn).load_file(@config_file) if @config_file
+      @options = self.class.finish(DEFAULTS.merge(file_options).merge(cli))
+    end
+
+    # Validates a merged hash and returns it deeply frozen.
+    def self.finish(hash)
+      unknown = hash.keys - DEFAULTS.keys
+      raise ConfigError, "unknown option `#{unknown.first}`" unless unknown.empty?
+
+      out = hash.to_h { |key, value| [key, coerce(key, value)] }
+      check_relations(out)
+      out.each_value { |v| v.freeze unless v.is_a?(Proc) || v.respond_to?(:call) }
+      out.freeze
+    end
+
+    def self.check_relations(opts)
+      if opts[:min_threads] > opts[:max_threads]
+        raise ConfigError, "threads: min (#{opts[:min_threads]}) must be <= max (#{opts[:max_threads]})"
+      end
+      return if opts[:max_request_line] <= opts[:max_head]
+
+      raise ConfigError, "max_request_line (#{opts[:max_request_line]}) must be <= max_head (#{opts[:max_head]})"
+    end
+
+    # Converts and checks one value; `name` is what the message calls it.
+    def self.coerce(key, value, name: key)
+      kind, min, max = RULES.fetch(key)
+      case kind
+      when :int then range(name, int(name, value), min, max)
+      when :seconds then range(name, seconds(name, value), min, max)
+      when :bool then bool(name, value)
+      when :string then string(name, value)
+      when :string_or_nil then value.nil? ? nil : string(name, value)
+      when :directory then directory(name, value)
+      when :handler then handler(name, value)
+      when :binds then binds(name, value)
+      end
+    end
+
+    def self.int(name, value)
+      return value if value.is_a?(Integer)
+      return Integer(value.strip, 10) if value.is_a?(String) && value.strip.match?(/\A[+-]?\d+\z/)
+
+      raise ConfigError, "#{name}: expected an integer, got #{value.inspect}"
+    end
+
+    def self.seconds(name, value)
+      return value.to_f if value.is_a?(Integer) || (value.is_a?(Float) && value.finite?)
+      if value.is_a?(String) && value.strip.match?(/\A[+-]?\d+(\.\d+)?\z/)
+        return Float(value.strip)
+      end
+
+      raise ConfigError, "#{name}: expected a number of seconds, got #{value.inspect}"
+    end
+
+    def self.range(name, value, min, max)
+      raise ConfigError, "#{name}: must be >= #{min} (got #{value})" if value < min
+      raise ConfigError, "#{name}: must be <= #{max} (got #{value})" if value > max
+
+      value
+    end
+
+    def self.bool(name, value)
+      return value if value == true || value == false
+
+      raise ConfigError, "#{name}: expected true or false, got #{value.inspect}"
+    end
+
+    def self.string(name, value)
+      value = value.to_path if value.respond_to?(:to_path)
+      value = value.to_s if value.is_a?(Symbol)
+      raise ConfigError, "#{name}: expected a string, got #{value.inspect}" unless value.is_a?(String)
+      raise ConfigError, "#{name}: must not be empty" if value.empty?
+
+      value.dup.freeze
+    end
+
+    def self.directory(name, value)
+      value = string(name, value)
+      raise ConfigError, "#{name}: #{value} is not a directory" unless File.directory?(value)
+
+      value
+    end
+
+    def self.handler(name, value)
+      return nil if value.nil?
+      raise ConfigError, "#{name}: expected a callable, got #{value.inspect}" unless value.respond_to?(:call)
+
+      arity = value.respond_to?(:arity) ? value.arity : value.method(:call).arity
+      required = arity.negative? ? -arity - 1 : arity
+      if required > 3 || (arity >= 0 && arity < 1)
+        raise ConfigError, "#{name}: the handler must take 1 to 3 arguments (error, env, status), it takes #{arity}"
+      end
+
+      value
+    end
+
+    def self.binds(name, value)
+      list = Array(value)
+      raise ConfigError, "#{name}: at least one bind is needed" if list.empty?
+
+      require "serval/binder"
+      list.map do |uri|
+        uri = string(name, uri)
+        Binder.parse(uri) # raises ConfigError naming the bind
+        uri
+      end.freeze
+    end
+
+    private
+
+    def find_file(path, environment)
+      return nil if path == "-"
+
+      if path
+        raise ConfigError, "config file #{path} not found" unless File.file?(path)
+
+        return path
+      end
+      self.class.default_files(environment).find { |f| File.file?(f) }
+    end
+  end
+end

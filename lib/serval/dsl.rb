@@ -1,0 +1,166 @@
+# frozen_string_literal: true
+
+require "serval/configuration"
+
+module Serval
+  # The config file language: Puma's names and meanings, plus Serval's own
+  # limits under the same names as the option keys. Each call checks its
+  # value at once and writes into the hash given to #initialize.
+  #
+  #   threads 1, 8
+  #   port ENV.fetch("PORT", 3000)
+  #   max_body 10 * 1024 * 1024
+  class DSL
+    # Puma options Serval accepts and ignores with a warning.
+    UNSUPPORTED = %i[
+      plugin ssl_bind worker_timeout worker_boot_timeout worker_check_interval
+      worker_culling_strategy preload_app! fork_worker prune_bundler nakayoshi_fork
+      extra_runtime_dependencies wait_for_less_busy_worker silence_single_worker_warning
+      silence_fork_callback_warning on_worker_boot on_worker_shutdown on_worker_fork
+      after_worker_fork after_worker_boot before_worker_boot before_worker_shutdown
+      before_worker_fork after_worker_shutdown before_fork on_restart before_restart
+      on_refork before_refork after_refork on_booted after_booted on_stopped after_stopped
+      on_thread_start on_thread_exit before_thread_start before_thread_exit out_of_band
+      activate_control_app state_path state_permission stdout_redirect queue_requests
+      restart_command mutate_stdout_and_stderr_to_sync_on_write custom_logger log_formatter
+      raise_exception_on_sigterm set_remote_address shutdown_debug clean_thread_locals
+      max_fast_inline io_selector_backend enable_keep_alives supported_http_methods
+      rack_url_scheme bind_to_activated_sockets preload_app debug_rack_app
+    ].freeze
+
+    # Serval options set with one value, named like their keys.
+    PLAIN = %i[
+      max_request_line max_head max_headers max_body body_spill max_chunk_ext
+      first_data_timeout read_timeout persistent_timeout write_timeout max_connections
+      output_buffer max_keepalive_requests tmpdir drain_timeout thread_idle_timeout backlog
+      environment rackup directory pidfile tag
+    ].freeze
+
+    DEFAULT_HOST = "0.0.0.0"
+
+    def initialize(options, warn)
+      @options = options
+      @warn = warn
+    end
+
+    # Evaluates a config file; errors are re-raised as ConfigError with the
+    # file and line in front of the message.
+    def load_file(path)
+      instance_eval(File.read(path), path, 1)
+      self
+    rescue ConfigError => e
+      raise ConfigError, "#{where(e, path)}#{e.message}"
+    rescue ScriptError, StandardError => e
+      raise ConfigError, "#{where(e, path)}#{e.class}: #{e.message}"
+    end
+
+    # Puma's `load`: evaluate another config file in the same context.
+    def load(path)
+      load_file(path)
+    end
+
+    PLAIN.each do |key|
+      define_method(key) { |value| set(key, value) }
+    end
+
+    def bind(uri)
+      uri = Configuration.string(:bind, uri)
+      require "serval/binder"
+      Binder.parse(uri)
+      (@options[:binds] ||= []) << uri
+    end
+
+    def clear_binds!
+      @options[:binds] = []
+    end
+
+    def port(port, host = nil)
+      port = Configuration.range(:port, Configuration.int(:port, port), 0, 65_535)
+      host = host.nil? ? DEFAULT_HOST : Configuration.string(:port, host)
+      host = "[#{host}]" if host.include?(":") && !host.start_with?("[")
+      bind("tcp://#{host}:#{port}")
+    end
+
+    def threads(min, max = min)
+      min = Configuration.coerce(:min_threads, min, name: "threads: min")
+      max = Configuration.coerce(:max_threads, max, name: "threads: max")
+      raise ConfigError, "threads: min (#{min}) must be <= max (#{max})" if min > max
+
+      @options[:min_threads] = min
+      @options[:max_threads] = max
+    end
+
+    def log_requests(value = true)
+      set(:log_requests, value)
+    end
+
+    def quiet(value = true)
+      set(:quiet, value)
+    end
+
+    def verbose(value = true)
+      set(:verbose, value)
+    end
+
+    # Puma's `debug` prints extra detail; ours maps it to verbose logging.
+    def debug
+      set(:verbose, true)
+    end
+
+    def early_hints(value = true)
+      set(:early_hints, value)
+    end
+
+    def lowlevel_error_handler(handler = nil, &block)
+      handler ||= block
+      raise ConfigError, "lowlevel_error_handler: give a block or a callable" unless handler
+
+      set(:lowlevel_error_handler, handler)
+    end
+
+    # Puma's name for the graceful-stop drain time.
+    def worker_shutdown_timeout(seconds)
+      set(:drain_timeout, seconds, name: :worker_shutdown_timeout)
+    end
+
+    # Puma 6's name for the request body limit.
+    def http_content_length_limit(bytes)
+      set(:max_body, bytes, name: :http_content_length_limit)
+    end
+
+    def workers(count)
+      count = Configuration.range(:workers, Configuration.int(:workers, count), 0, 4096)
+      unsupported(:workers) if count.positive?
+    end
+
+    UNSUPPORTED.each do |name|
+      define_method(name) { |*_args, **_kw, &_block| unsupported(name) }
+    end
+
+    def method_missing(name, *_args, &_block)
+      raise ConfigError, "unknown config option `#{name}`"
+    end
+
+    def respond_to_missing?(_name, _include_private = false)
+      false
+    end
+
+    private
+
+    def set(key, value, name: key)
+      @options[key] = Configuration.coerce(key, value, name: name)
+    end
+
+    def unsupported(name)
+      @warn.call("serval: config option `#{name}` is not supported yet and is ignored")
+      nil
+    end
+
+    def where(error, path)
+      loc = (error.backtrace_locations || []).find { |l| l.path == path }
+      line = loc&.lineno || error.message[/\A#{Regexp.escape(path)}:(\d+)/, 1]
+      prefix = line ? "#{path}:#{line}: " : "#{path}: "
+      error.message.start_with?(path) ? "" : prefix
+    end
+  end
+end

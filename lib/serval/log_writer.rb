@@ -1,0 +1,71 @@
+# frozen_string_literal: true
+
+module Serval
+  # Where Serval's own output goes. Each call writes whole lines under one
+  # mutex and flushes, so lines from many threads never interleave. Never call
+  # it from a trap handler (the launcher's handlers only write to a pipe).
+  class LogWriter
+    attr_reader :stdout, :stderr
+
+    def initialize(stdout: $stdout, stderr: $stderr, quiet: false, verbose: false)
+      @stdout = stdout
+      @stderr = stderr
+      @quiet = quiet
+      @verbose = verbose
+      @mutex = Mutex.new
+    end
+
+    def quiet?
+      @quiet
+    end
+
+    def verbose?
+      @verbose
+    end
+
+    # Boot lines and notices; silenced by --quiet.
+    def info(message)
+      write(@stdout, message) unless @quiet
+    end
+
+    # Detail for operators; only with --verbose.
+    def debug(message)
+      write(@stdout, message) if @verbose
+    end
+
+    def warn(message)
+      write(@stderr, message)
+    end
+
+    def error(message)
+      write(@stderr, message)
+    end
+
+    # One access-log line (--log-requests); not silenced by --quiet.
+    def access(line)
+      write(@stdout, line)
+    end
+
+    # Class, message and backtrace of an error, with what we were doing.
+    def exception(error, context = nil)
+      head = "#{error.class}: #{error.message}"
+      head = "#{context}: #{head}" if context
+      lines = [head]
+      lines.concat((error.backtrace || []).map { |frame| "    #{frame}" })
+      write(@stderr, lines.join("\n"))
+    end
+
+    private
+
+    def write(io, message)
+      text = message.to_s
+      text += "\n" unless text.end_with?("\n")
+      @mutex.synchronize do
+        io.write(text)
+        io.flush if io.respond_to?(:flush)
+      end
+    rescue IOError, SystemCallError
+      nil # a closed or broken log stream must never take the server down
+    end
+  end
+end
