@@ -1,0 +1,22 @@
+# frozen_string_literal: true
+
+# bench/apps/payload.ru - fixed-size bodies built once at boot.
+#   /1mb    -> 1 MiB body (used by the slow_readers workload)
+#   /hello  -> "Hello World"
+#   else    -> 100 KiB body (the payload workload)
+KB100 = ("x" * 1023 + "\n") * 100
+MB1 = ("y" * 1023 + "\n") * 1024
+HELLO = "Hello World"
+[KB100, MB1, HELLO].each(&:freeze)
+
+def payload_response(body)
+  [200, { "content-type" => "text/plain", "content-length" => body.bytesize.to_s }, [body]]
+end
+
+run lambda { |env|
+  case env["PATH_INFO"]
+  when "/1mb" then payload_response(MB1)
+  when "/hello" then payload_response(HELLO)
+  else payload_response(KB100)
+  end
+}

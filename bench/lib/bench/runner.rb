@@ -1,0 +1,149 @@
+# frozen_string_literal: true
+
+require "json"
+require "fileutils"
+require "time"
+
+module Bench
+  # bench/run: parse the command line, prepare the bundle, run the workloads,
+  # print one table per workload and write bench/results/latest.json.
+  class Runner
+    USAGE = <<~TEXT
+      usage: bench/run [--servers=serval,puma] [--check] [--out=FILE] [WORKLOAD...|all]
+      workloads: %<workloads>s (default: all)
+      servers:   %<servers>s
+      environment: BENCH_DURATION (10 s) BENCH_WARMUP (2 s) BENCH_ROUNDS (2) BENCH_THREADS (4)
+                   BENCH_CONNECTIONS (16) BENCH_SERVER_CPU (0) BENCH_CLIENT_CPU (1) BENCH_PIN (1)
+                   BENCH_SLOW_CONNECTIONS (200) BENCH_SLOW_PROBES (50) SERVAL_EXE (exe/serval)
+    TEXT
+
+    def initialize(argv, bench_dir:, out: $stdout)
+      @argv = argv.dup
+      @bench_dir = bench_dir
+      @out = out
+      @check = false
+      @server_names = %w[serval puma]
+      @json_path = File.join(bench_dir, "results", "latest.json")
+    end
+
+    def usage
+      format(USAGE, workloads: Workload.registry.keys.join(", "), servers: Server.registry.keys.join(", "))
+    end
+
+    def parse_args
+      names = []
+      @argv.each do |arg|
+        case arg
+        when "-h", "--help" then @out.puts(usage)
+                                 return nil
+        when "--check" then @check = true
+        when /\A--servers=(.+)\z/ then @server_names = Regexp.last_match(1).split(",")
+        when /\A--out=(.+)\z/ then @json_path = File.expand_path(Regexp.last_match(1))
+        when "all" then names.concat(Workload.registry.keys)
+        when /\A-/ then raise ArgumentError, "unknown option #{arg}\n#{usage}"
+        else
+          raise ArgumentError, "unknown workload #{arg}\n#{usage}" unless Workload.registry.key?(arg)
+
+          names << arg
+        end
+      end
+      (@server_names - Server.registry.keys).each { |s| raise ArgumentError, "unknown server #{s}\n#{usage}" }
+      names.empty? ? Workload.registry.keys : names.uniq
+    end
+
+    def run
+      names = parse_args or return 0
+      @ctx = Context.new(@bench_dir)
+      preflight
+      servers = @server_names.map { |s| Server.registry.fetch(s).new(@ctx) }
+      report = header(servers)
+      @out.puts(banner(report))
+      names.each do |wname|
+        result = Workload.registry.fetch(wname).new(@ctx).run(servers)
+        report["workloads"] << result
+        print_table(result)
+      end
+      write_json(report)
+      exit_code(report)
+    ensure
+      Util.stop_all
+      @ctx&.cleanup
+    end
+
+    def preflight
+      raise Error, "wrk not found (apt-get install -y wrk)" unless Util.which("wrk")
+
+      # Keep the harness itself (the slow readers and probes) off the server's CPU.
+      Util.capture(["taskset", "-p", "-c", @ctx.client_cpu, Process.pid.to_s], timeout: 10) if @ctx.pin?
+      status, = Util.capture(%w[bundle check], env: @ctx.bundle_env, chdir: @bench_dir, timeout: 120)
+      return if status&.success?
+
+      @ctx.log "installing bench/Gemfile (bundle install)"
+      status, out, = Util.capture(%w[bundle install], env: @ctx.bundle_env, chdir: @bench_dir, timeout: 900)
+      raise Error, "bundle install failed:\n#{out}" unless status&.success?
+    end
+
+    def header(servers)
+      {
+        "timestamp" => Time.now.utc.iso8601,
+        "command" => (["bench/run"] + @argv).join(" "),
+        "settings" => {
+          "duration_s" => @ctx.duration, "warmup_s" => @ctx.warmup, "rounds" => @ctx.rounds,
+          "threads" => @ctx.threads, "connections" => @ctx.connections,
+          "server_cpu" => @ctx.pin? ? @ctx.server_cpu : nil, "client_cpu" => @ctx.pin? ? @ctx.client_cpu : nil
+        },
+        "machine" => { "nproc" => Util.nproc, "cpu" => Util.cpu_model, "kernel" => kernel },
+        "versions" => { "ruby" => RUBY_DESCRIPTION, "wrk" => Wrk.version }.merge(servers.to_h { |s| [s.name, s.version] }),
+        "workloads" => []
+      }
+    end
+
+    def kernel
+      File.read("/proc/sys/kernel/osrelease").strip
+    rescue SystemCallError
+      "unknown"
+    end
+
+    def banner(report)
+      v = report["versions"]
+      m = report["machine"]
+      s = report["settings"]
+      pin = s["server_cpu"] ? "server on CPU #{s['server_cpu']}, client on CPU #{s['client_cpu']}" : "not pinned"
+      ["# #{report['command']}  (#{report['timestamp']})",
+       "# #{m['nproc']} x #{m['cpu']}, linux #{m['kernel']}; #{pin}",
+       "# #{v['ruby']}; wrk #{v['wrk']}; " + @server_names.map { |n| "#{n} #{v[n]}" }.join("; "),
+       "# threads #{s['threads']}:#{s['threads']}, wrk -t1 -c#{s['connections']} -d#{s['duration_s']}s " \
+       "after #{s['warmup_s']}s warm-up, #{s['rounds']} rounds alternating server order"].join("\n")
+    end
+
+    def print_table(result)
+      rows, notes = Workload.registry.fetch(result["name"]).new(@ctx).table(result)
+      widths = rows.transpose.map { |col| col.map(&:size).max }
+      @out.puts
+      @out.puts "## #{result['name']}: #{result['description']}"
+      rows.each_with_index do |row, i|
+        @out.puts "| " + row.each_with_index.map { |cell, j| cell.ljust(widths[j]) }.join(" | ") + " |"
+        @out.puts "|" + widths.map { |w| "-" * (w + 2) }.join("|") + "|" if i.zero?
+      end
+      notes.each { |n| @out.puts "#{n}  " }
+      @out.flush
+    end
+
+    def write_json(report)
+      FileUtils.mkdir_p(File.dirname(@json_path))
+      tmp = "#{@json_path}.tmp"
+      File.write(tmp, JSON.pretty_generate(report) + "\n")
+      File.rename(tmp, @json_path)
+      @out.puts
+      @out.puts "raw results: #{@json_path}"
+    end
+
+    def exit_code(report)
+      return 0 unless @check
+
+      failed = report["workloads"].reject { |w| w.dig("check", "target").nil? || w.dig("check", "ok") }
+      failed.each { |w| @out.puts "CHECK FAILED #{w['name']}: #{w.dig('check', 'target')}" }
+      failed.empty? ? 0 : 1
+    end
+  end
+end

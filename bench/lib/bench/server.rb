@@ -1,0 +1,114 @@
+# frozen_string_literal: true
+
+module Bench
+  # A server adapter says how to start one server with an app, a port and a
+  # thread count. Adapters live in bench/lib/bench/servers/, one file each, and
+  # register themselves by name; see servers/puma.rb for the smallest one.
+  class Server
+    @registry = {}
+
+    class << self
+      attr_reader :registry
+
+      def register(name)
+        Server.registry[name.to_s] = self
+      end
+    end
+
+    attr_reader :ctx
+
+    def initialize(ctx)
+      @ctx = ctx
+    end
+
+    def name
+      raise NotImplementedError
+    end
+
+    # Human-readable version string, recorded with every result.
+    def version
+      raise NotImplementedError
+    end
+
+    # argv that starts the server in the foreground (without the CPU pinning).
+    def argv(app:, port:, threads:)
+      raise NotImplementedError
+    end
+
+    def env
+      ctx.bundle_env.merge("RACK_ENV" => "production")
+    end
+
+    def chdir
+      ctx.root
+    end
+
+    def start(app:, port:, threads:)
+      ServerProcess.new(self, app: app, port: port, threads: threads).start
+    end
+  end
+
+  # One running server: spawned pinned to the server CPU, in its own process
+  # group, its output going to a log file in the run's scratch directory.
+  class ServerProcess
+    attr_reader :server, :port, :pid, :command, :log_path
+
+    def initialize(server, app:, port:, threads:)
+      @server = server
+      @port = port
+      @app = app
+      @command = server.ctx.pin_server(server.argv(app: app, port: port, threads: threads))
+      @log_path = File.join(server.ctx.scratch, "#{server.name}-#{File.basename(app, '.ru')}-#{port}.log")
+    end
+
+    def start
+      @pid = Util.spawn(@command, env: server.env, chdir: server.chdir, out: @log_path, err: @log_path)
+      self
+    end
+
+    def alive?
+      Process.waitpid(@pid, Process::WNOHANG).nil?
+    rescue Errno::ECHILD
+      false
+    end
+
+    # Poll GET path until the server answers; raise with the log tail if it
+    # dies or does not answer within timeout seconds.
+    def wait_ready(path: "/", timeout: ctx.boot_timeout)
+      deadline = Util.now + timeout
+      last_error = nil
+      while Util.now < deadline
+        raise Error, "#{server.name} exited during boot:\n#{log_tail}" unless alive?
+
+        begin
+          return HTTP.get("127.0.0.1", port, path, timeout: 2)
+        rescue SystemCallError, HTTP::Timeout, IOError => e
+          last_error = e
+          sleep 0.05
+        end
+      end
+      raise Error, "#{server.name} did not answer on #{port} within #{timeout}s (#{last_error&.class}):\n#{log_tail}"
+    end
+
+    def stop
+      Util.stop(@pid) if @pid
+      @pid = nil
+    end
+
+    def rss_kb
+      Util.process_tree(@pid).sum { |pid| Util.rss_kb(pid) }
+    end
+
+    def log_tail(lines = 20)
+      File.exist?(@log_path) ? File.readlines(@log_path).last(lines).join : "(no log)"
+    end
+
+    private
+
+    def ctx
+      server.ctx
+    end
+  end
+
+  class Error < StandardError; end
+end

@@ -1,0 +1,157 @@
+# frozen_string_literal: true
+
+module Bench
+  # A workload measures every selected server and returns a JSON-able Hash:
+  #   "name", "description", "servers" => { name => figures }, "summary" => text lines,
+  #   "check" => { "target" => text, "ok" => true/false/nil }.
+  # Workloads live in bench/lib/bench/workloads/, one file each, and register
+  # themselves by name; the order of registration is the order of `all`.
+  class Workload
+    @registry = {}
+
+    class << self
+      attr_reader :registry
+
+      def register(name)
+        Workload.registry[name.to_s] = self
+      end
+    end
+
+    attr_reader :ctx
+
+    def initialize(ctx)
+      @ctx = ctx
+    end
+
+    def name
+      raise NotImplementedError
+    end
+
+    def description
+      raise NotImplementedError
+    end
+
+    def run(_servers)
+      raise NotImplementedError
+    end
+
+    # Servers in alternating order: round 0 as given, round 1 reversed, ...
+    # so that no server always runs first (or last) on a warm machine.
+    def order(servers, round)
+      round.even? ? servers : servers.reverse
+    end
+
+    def app_path(file)
+      File.join(ctx.bench_dir, "apps", file)
+    end
+
+    # Start server with app, wait until it answers path, yield, always stop it.
+    def with_server(server, app, path: "/")
+      process = server.start(app: app_path(app), port: Util.free_port, threads: ctx.threads)
+      process.wait_ready(path: path)
+      yield process
+    ensure
+      process&.stop
+    end
+
+    def ratio(results, key, num: "serval", den: "puma")
+      a = results.dig(num, key)
+      b = results.dig(den, key)
+      return nil unless a && b && b.positive?
+
+      (a.to_f / b).round(3)
+    end
+
+    def fmt_ms(value)
+      return "-" if value.nil?
+
+      value >= 100 ? format("%.0fms", value) : format("%.2fms", value)
+    end
+  end
+
+  # Base for the closed-loop throughput workloads: wrk -t1 -cN against one URL.
+  class WrkWorkload < Workload
+    def app
+      raise NotImplementedError
+    end
+
+    def path
+      "/"
+    end
+
+    def expected_bytes
+      nil
+    end
+
+    # Serval/Puma req/s target from the issue (nil: none).
+    def target
+      nil
+    end
+
+    def connections
+      ctx.connections
+    end
+
+    def run(servers)
+      rounds = Hash.new { |h, k| h[k] = [] }
+      meta = {}
+      ctx.rounds.times do |round|
+        order(servers, round).each do |server|
+          ctx.log "#{name}: round #{round + 1}/#{ctx.rounds} #{server.name}"
+          with_server(server, app, path: path) do |process|
+            sanity_check(process)
+            url = "http://127.0.0.1:#{process.port}#{path}"
+            Wrk.run(ctx, url, duration: ctx.warmup, connections: connections) if ctx.warmup.positive?
+            figures = Wrk.run(ctx, url, duration: ctx.duration, connections: connections)
+            ctx.log format("  %<rps>.1f req/s  p50 %<p50>s  p99 %<p99>s", rps: figures["rps"],
+                                                                           p50: fmt_ms(figures["p50_ms"]), p99: fmt_ms(figures["p99_ms"]))
+            rounds[server.name] << figures
+            meta[server.name] ||= { "version" => server.version, "server_command" => process.command.join(" "),
+                                    "wrk_command" => figures["command"] }
+          end
+        end
+      end
+      summarize(servers, rounds, meta)
+    end
+
+    def sanity_check(process)
+      res = HTTP.get("127.0.0.1", process.port, path, timeout: 5)
+      raise Error, "#{process.server.name}: GET #{path} -> #{res.status}" unless res.status == 200
+      return unless expected_bytes && res.body.bytesize != expected_bytes
+
+      raise Error, "#{process.server.name}: GET #{path} body #{res.body.bytesize} bytes, expected #{expected_bytes}"
+    end
+
+    def summarize(servers, rounds, meta)
+      results = {}
+      servers.each do |server|
+        list = rounds[server.name]
+        next if list.empty?
+
+        best = list.max_by { |r| r["rps"] }
+        results[server.name] = meta[server.name].merge(
+          "rps" => best["rps"], "p50_ms" => best["p50_ms"], "p99_ms" => best["p99_ms"],
+          "errors" => best["non_2xx"] + best["socket_errors"].values.sum,
+          "rounds" => list.map { |r| r.reject { |k, _| k == "raw" } }
+        )
+      end
+      r = ratio(results, "rps")
+      {
+        "name" => name, "description" => description, "servers" => results,
+        "ratio" => r, "pick" => "best of #{ctx.rounds} rounds by req/s",
+        "check" => { "target" => target && "serval/puma req/s >= #{target}", "ok" => target && r && r >= target }
+      }
+    end
+
+    def table(result)
+      rows = [%w[server version req/s p50 p99 errors rounds(req/s)]]
+      result["servers"].each do |sname, s|
+        rows << [sname, s["version"], format("%.1f", s["rps"]), fmt_ms(s["p50_ms"]), fmt_ms(s["p99_ms"]),
+                 s["errors"].to_s, s["rounds"].map { |r| format("%.0f", r["rps"]) }.join(", ")]
+      end
+      notes = ["figures: #{result['pick']}"]
+      notes << "serval/puma req/s: #{result['ratio'] || 'n/a'}#{target ? " (issue target >= #{target})" : ''}"
+      [rows, notes]
+    end
+  end
+end
