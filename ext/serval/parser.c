@@ -17,6 +17,7 @@
  */
 #include "parser.h"
 
+#include <limits.h>
 #include <string.h>
 
 /* ---- named limits and constants ---------------------------------------- */
@@ -506,7 +507,8 @@ static int finish_framing(sv_ctx *x, sv_request *r)
 
 static int finish(sv_ctx *x, sv_request *r, size_t head_len)
 {
-    if (head_len > x->lim->max_head) return fail(x, SV_ERR_HEADERS_TOO_LARGE, "header section too large");
+    if (head_len > x->lim->max_head || head_len > (size_t)INT_MAX) /* result must fit the int return */
+        return fail(x, SV_ERR_HEADERS_TOO_LARGE, "header section too large");
     if (r->minor_version == 1 && x->host_fields == 0) return fail(x, SV_ERR_BAD_REQUEST, "missing Host");
     if (x->host_empty && !x->abs_host) return fail(x, SV_ERR_BAD_REQUEST, "invalid Host");
     int rc = finish_framing(x, r);

@@ -1,0 +1,312 @@
+/* Serval::Native::Core - the Ruby face of the I/O core. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ruby.h>
+#include <ruby/thread.h>
+#include "serval.h"
+#include "serval_ruby.h"
+
+VALUE sv_cCore;
+
+typedef struct {
+    sv_core core;
+    _Atomic long refs;   /* the Core object + one per live Request */
+    VALUE listeners;     /* keeps nothing alive; Ruby owns the IOs */
+} sv_core_box;
+
+void sv_core_ref(sv_core *core)
+{
+    atomic_fetch_add(&((sv_core_box *)core)->refs, 1);
+}
+
+void sv_core_unref(sv_core *core)
+{
+    sv_core_box *box = (sv_core_box *)core;
+    if (atomic_fetch_sub(&box->refs, 1) == 1) {
+        sv_core_destroy(&box->core);
+        pthread_mutex_destroy(&box->core.mu);
+        pthread_cond_destroy(&box->core.cv);
+        free(box);
+    }
+}
+
+static void core_free(void *p)
+{
+    sv_core_box **slot = p;
+    if (*slot) {
+        sv_core_stop_and_join(&(*slot)->core, 0);
+        sv_core_unref(&(*slot)->core);
+    }
+    xfree(slot);
+}
+
+static size_t core_memsize(const void *p)
+{
+    return sizeof(sv_core_box);
+}
+
+static const rb_data_type_t core_type = {
+    "Serval::Native::Core",
+    {NULL, core_free, core_memsize},
+    NULL, NULL, RUBY_TYPED_FREE_IMMEDIATELY,
+};
+
+sv_core *sv_core_get(VALUE self)
+{
+    sv_core_box **slot;
+    TypedData_Get_Struct(self, sv_core_box *, &core_type, slot);
+    if (!*slot)
+        rb_raise(rb_eRuntimeError, "core is not initialized");
+    return &(*slot)->core;
+}
+
+static VALUE core_alloc(VALUE klass)
+{
+    sv_core_box **slot;
+    VALUE obj = TypedData_Make_Struct(klass, sv_core_box *, &core_type, slot);
+    *slot = NULL;
+    return obj;
+}
+
+static double opt_num(VALUE opts, const char *key, double def, double min)
+{
+    VALUE v = rb_hash_lookup2(opts, ID2SYM(rb_intern(key)), Qundef);
+    if (v == Qundef || NIL_P(v))
+        return def;
+    double d = NUM2DBL(v);
+    if (d < min)
+        rb_raise(rb_eArgError, "%s must be >= %g (got %g)", key, min, d);
+    return d;
+}
+
+static void read_options(sv_options *o, VALUE opts)
+{
+    o->lim.max_request_line = (size_t)opt_num(opts, "max_request_line", 8192, 16);
+    o->lim.max_head = (size_t)opt_num(opts, "max_head", 65536, 64);
+    o->lim.max_headers = (size_t)opt_num(opts, "max_headers", 128, 1);
+    if (o->lim.max_headers > SV_HEADERS_CAP)
+        rb_raise(rb_eArgError, "max_headers must be <= %d", SV_HEADERS_CAP);
+    o->max_body = (uint64_t)opt_num(opts, "max_body", 104857600.0, 0);
+    o->body_spill = (size_t)opt_num(opts, "body_spill", 262144, 0);
+    o->max_chunk_ext = (size_t)opt_num(opts, "max_chunk_ext", 1024, 0);
+    o->first_data_timeout = opt_num(opts, "first_data_timeout", 30, 0.001);
+    o->read_timeout = opt_num(opts, "read_timeout", 30, 0.001);
+    o->persistent_timeout = opt_num(opts, "persistent_timeout", 20, 0.001);
+    o->write_timeout = opt_num(opts, "write_timeout", 30, 0.001);
+    o->max_connections = (size_t)opt_num(opts, "max_connections", 1024, 1);
+    o->output_buffer = (size_t)opt_num(opts, "output_buffer", 4194304, 4096);
+    o->max_keepalive_requests = (unsigned)opt_num(opts, "max_keepalive_requests", 1000, 1);
+    VALUE tmp = rb_hash_lookup2(opts, ID2SYM(rb_intern("tmpdir")), Qnil);
+    const char *dir = NIL_P(tmp) ? "/tmp" : StringValueCStr(tmp);
+    if (strlen(dir) >= sizeof(o->tmpdir))
+        rb_raise(rb_eArgError, "tmpdir is too long");
+    strcpy(o->tmpdir, dir);
+}
+
+static VALUE core_initialize(int argc, VALUE *argv, VALUE self)
+{
+    VALUE opts;
+    rb_scan_args(argc, argv, "01", &opts);
+    if (NIL_P(opts))
+        opts = rb_hash_new();
+    Check_Type(opts, T_HASH);
+    sv_core_box **slot;
+    TypedData_Get_Struct(self, sv_core_box *, &core_type, slot);
+    if (*slot)
+        rb_raise(rb_eRuntimeError, "already initialized");
+    sv_core_box *box = calloc(1, sizeof(*box));
+    if (!box)
+        rb_raise(rb_eNoMemError, "cannot allocate core");
+    box->core.epfd = box->core.wakefd = -1;
+    atomic_store(&box->refs, 1);
+    read_options(&box->core.opt, opts);
+    if (sv_core_init(&box->core) != 0) {
+        int e = errno;
+        sv_core_destroy(&box->core);
+        free(box);
+        rb_syserr_fail(e, "serval core init");
+    }
+    *slot = box;
+    return self;
+}
+
+static VALUE core_listen(VALUE self, VALUE fd, VALUE name, VALUE port)
+{
+    sv_core *core = sv_core_get(self);
+    if (core->started)
+        rb_raise(rb_eRuntimeError, "listen before start");
+    if (core->nlisteners >= SV_MAX_LISTENERS)
+        rb_raise(rb_eArgError, "at most %d listeners", SV_MAX_LISTENERS);
+    sv_listener *l = &core->listeners[core->nlisteners];
+    const char *n = StringValueCStr(name);
+    if (strlen(n) >= sizeof(l->name))
+        rb_raise(rb_eArgError, "server name too long");
+    l->kind = SV_KIND_LISTENER;
+    l->fd = NUM2INT(fd);
+    l->port = NUM2INT(port);
+    strcpy(l->name, n);
+    core->nlisteners++;
+    return Qnil;
+}
+
+static VALUE core_start(VALUE self)
+{
+    sv_core *core = sv_core_get(self);
+    if (core->started)
+        rb_raise(rb_eRuntimeError, "already started");
+    if (sv_core_start(core) != 0)
+        rb_sys_fail("pthread_create");
+    return self;
+}
+
+/* ---- Core#next ---------------------------------------------------------- */
+
+typedef struct {
+    sv_core *core;
+    double deadline;
+    int interrupted;
+    sv_conn *got;
+} wait_args;
+
+static int nothing_more(sv_core *core)
+{
+    return core->stopping || (core->draining && atomic_load(&core->partial) == 0);
+}
+
+static sv_conn *pop_locked(sv_core *core)
+{
+    sv_conn *c = core->q_head;
+    if (c) {
+        core->q_head = c->next;
+        if (!core->q_head)
+            core->q_tail = NULL;
+        c->next = NULL;
+        core->queued--;
+    }
+    return c;
+}
+
+static void *wait_nogvl(void *p)
+{
+    wait_args *a = p;
+    sv_core *core = a->core;
+    struct timespec ts;
+    ts.tv_sec = (time_t)a->deadline;
+    ts.tv_nsec = (long)((a->deadline - (double)ts.tv_sec) * 1e9);
+    pthread_mutex_lock(&core->mu);
+    core->waiting++;
+    while (!core->q_head && !a->interrupted && !nothing_more(core)) {
+        if (pthread_cond_timedwait(&core->cv, &core->mu, &ts) == ETIMEDOUT)
+            break;
+    }
+    core->waiting--;
+    a->got = pop_locked(core);
+    pthread_mutex_unlock(&core->mu);
+    return NULL;
+}
+
+static void wait_ubf(void *p)
+{
+    wait_args *a = p;
+    pthread_mutex_lock(&a->core->mu);
+    a->interrupted = 1;
+    pthread_cond_broadcast(&a->core->cv);
+    pthread_mutex_unlock(&a->core->mu);
+}
+
+static VALUE core_next(VALUE self, VALUE timeout)
+{
+    sv_core *core = sv_core_get(self);
+    wait_args a = {core, 0, 0, NULL};
+    pthread_mutex_lock(&core->mu);
+    a.got = pop_locked(core); /* fast path: keep the GVL when work is waiting */
+    pthread_mutex_unlock(&core->mu);
+    if (!a.got) {
+        a.deadline = sv_now() + (NIL_P(timeout) ? 86400.0 * 365 : NUM2DBL(timeout));
+        rb_thread_call_without_gvl(wait_nogvl, &a, wait_ubf, &a);
+    }
+    if (!a.got)
+        return Qnil;
+    return sv_request_new(self, core, a.got);
+}
+
+/* ---- stopping ----------------------------------------------------------- */
+
+static VALUE core_drain(VALUE self)
+{
+    sv_core *core = sv_core_get(self);
+    pthread_mutex_lock(&core->mu);
+    core->draining = 1;
+    pthread_cond_broadcast(&core->cv);
+    pthread_mutex_unlock(&core->mu);
+    sv_core_wake(core);
+    return Qnil;
+}
+
+typedef struct {
+    sv_core *core;
+    double grace;
+} stop_args;
+
+static void *stop_nogvl(void *p)
+{
+    stop_args *a = p;
+    sv_core_stop_and_join(a->core, a->grace);
+    return NULL;
+}
+
+static VALUE core_shutdown(int argc, VALUE *argv, VALUE self)
+{
+    VALUE grace;
+    rb_scan_args(argc, argv, "01", &grace);
+    stop_args a = {sv_core_get(self), NIL_P(grace) ? 0.0 : NUM2DBL(grace)};
+    rb_thread_call_without_gvl(stop_nogvl, &a, RUBY_UBF_IO, NULL);
+    return Qnil;
+}
+
+static VALUE core_stats(VALUE self)
+{
+    sv_core *core = sv_core_get(self);
+    pthread_mutex_lock(&core->mu);
+    long queued = (long)core->queued, waiting = core->waiting;
+    int draining = core->draining, stopping = core->stopping;
+    pthread_mutex_unlock(&core->mu);
+    VALUE h = rb_hash_new();
+    rb_hash_aset(h, ID2SYM(rb_intern("connections")), LONG2NUM(atomic_load(&core->open)));
+    rb_hash_aset(h, ID2SYM(rb_intern("queued")), LONG2NUM(queued));
+    rb_hash_aset(h, ID2SYM(rb_intern("waiting")), LONG2NUM(waiting));
+    rb_hash_aset(h, ID2SYM(rb_intern("accepted")), ULONG2NUM(atomic_load(&core->accepted)));
+    rb_hash_aset(h, ID2SYM(rb_intern("requests")), ULONG2NUM(atomic_load(&core->requests)));
+    rb_hash_aset(h, ID2SYM(rb_intern("errors")), ULONG2NUM(atomic_load(&core->errors)));
+    rb_hash_aset(h, ID2SYM(rb_intern("draining")), draining ? Qtrue : Qfalse);
+    rb_hash_aset(h, ID2SYM(rb_intern("stopping")), stopping ? Qtrue : Qfalse);
+    return h;
+}
+
+/* True when requests are queued and no thread is waiting: the pool may grow. */
+static VALUE core_starved(VALUE self)
+{
+    sv_core *core = sv_core_get(self);
+    return (core->waiting == 0) ? Qtrue : Qfalse;
+}
+
+static VALUE core_waiting(VALUE self)
+{
+    return INT2NUM(sv_core_get(self)->waiting);
+}
+
+void sv_init_core(VALUE mNative)
+{
+    sv_cCore = rb_define_class_under(mNative, "Core", rb_cObject);
+    rb_define_alloc_func(sv_cCore, core_alloc);
+    rb_define_method(sv_cCore, "initialize", core_initialize, -1);
+    rb_define_method(sv_cCore, "listen", core_listen, 3);
+    rb_define_method(sv_cCore, "start", core_start, 0);
+    rb_define_method(sv_cCore, "next", core_next, 1);
+    rb_define_method(sv_cCore, "drain", core_drain, 0);
+    rb_define_method(sv_cCore, "shutdown", core_shutdown, -1);
+    rb_define_method(sv_cCore, "stats", core_stats, 0);
+    rb_define_method(sv_cCore, "starved?", core_starved, 0);
+    rb_define_method(sv_cCore, "waiting", core_waiting, 0);
+}

@@ -1,0 +1,287 @@
+/* Serialising a Rack response head into the connection's output buffer. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <ruby.h>
+#include "serval_ruby.h"
+
+#define SV_HEAD_LIMIT ((size_t)1 << 30)
+
+typedef struct {
+    sv_conn *c;
+    int has_cl, has_te, has_date, conn_close;
+    int64_t app_cl;
+    VALUE headers;
+} head_ctx;
+
+static const char *reason(int code)
+{
+    switch (code) {
+    case 100: return "Continue";
+    case 101: return "Switching Protocols";
+    case 103: return "Early Hints";
+    case 200: return "OK";
+    case 201: return "Created";
+    case 202: return "Accepted";
+    case 204: return "No Content";
+    case 206: return "Partial Content";
+    case 301: return "Moved Permanently";
+    case 302: return "Found";
+    case 303: return "See Other";
+    case 304: return "Not Modified";
+    case 307: return "Temporary Redirect";
+    case 308: return "Permanent Redirect";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
+    case 410: return "Gone";
+    case 413: return "Content Too Large";
+    case 415: return "Unsupported Media Type";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return "";
+    }
+}
+
+static void out(sv_conn *c, const char *p, size_t n)
+{
+    if (sv_buf_append(&c->out, p, n, SV_HEAD_LIMIT) != 0)
+        rb_raise(rb_eNoMemError, "response head too large");
+}
+
+static int ieq(const char *a, long alen, const char *lower)
+{
+    size_t n = strlen(lower);
+    if ((size_t)alen != n)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = a[i];
+        if (ch >= 'A' && ch <= 'Z')
+            ch = (char)(ch - 'A' + 'a');
+        if (ch != lower[i])
+            return 0;
+    }
+    return 1;
+}
+
+static int is_tchar(unsigned char ch)
+{
+    if ((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z'))
+        return 1;
+    return ch && strchr("!#$%&'*+-.^_`|~", ch) != NULL;
+}
+
+static void check_name(const char *p, long n)
+{
+    if (n == 0)
+        rb_raise(sv_eBadResponse, "empty response header name");
+    for (long i = 0; i < n; i++)
+        if (!is_tchar((unsigned char)p[i]))
+            rb_raise(sv_eBadResponse, "invalid response header name %.*s", (int)(n > 64 ? 64 : n), p);
+}
+
+static void check_value(const char *p, long n)
+{
+    for (long i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
+            rb_raise(sv_eBadResponse, "invalid character in a response header value");
+    }
+}
+
+static void emit_line(head_ctx *x, const char *name, long nlen, const char *val, long vlen)
+{
+    check_value(val, vlen);
+    out(x->c, name, (size_t)nlen);
+    out(x->c, ": ", 2);
+    out(x->c, val, (size_t)vlen);
+    out(x->c, "\r\n", 2);
+}
+
+/* A String value may carry several lines (Rack 2 style). */
+static void emit_string(head_ctx *x, const char *name, long nlen, VALUE v)
+{
+    const char *p = RSTRING_PTR(v);
+    long n = RSTRING_LEN(v);
+    for (;;) {
+        const char *nl = memchr(p, '\n', (size_t)n);
+        long len = nl ? (long)(nl - p) : n;
+        emit_line(x, name, nlen, p, len);
+        if (!nl)
+            break;
+        n -= len + 1;
+        p = nl + 1;
+    }
+}
+
+/* Does a Connection value list the token "close"? */
+static int has_close_token(const char *p, long n)
+{
+    long i = 0;
+    while (i < n) {
+        while (i < n && (p[i] == ' ' || p[i] == '\t' || p[i] == ','))
+            i++;
+        long start = i;
+        while (i < n && p[i] != ',' && p[i] != ' ' && p[i] != '\t')
+            i++;
+        if (ieq(p + start, i - start, "close"))
+            return 1;
+    }
+    return 0;
+}
+
+static int64_t parse_length(VALUE v)
+{
+    if (RB_TYPE_P(v, T_ARRAY) && RARRAY_LEN(v) == 1)
+        v = RARRAY_AREF(v, 0);
+    if (!RB_TYPE_P(v, T_STRING) || RSTRING_LEN(v) == 0 || RSTRING_LEN(v) > 18)
+        rb_raise(sv_eBadResponse, "invalid content-length response header");
+    int64_t n = 0;
+    for (long i = 0; i < RSTRING_LEN(v); i++) {
+        char ch = RSTRING_PTR(v)[i];
+        if (ch < '0' || ch > '9')
+            rb_raise(sv_eBadResponse, "invalid content-length response header");
+        n = n * 10 + (ch - '0');
+    }
+    return n;
+}
+
+static int header_i(VALUE key, VALUE val, VALUE arg)
+{
+    head_ctx *x = (head_ctx *)arg;
+    if (!RB_TYPE_P(key, T_STRING))
+        rb_raise(sv_eBadResponse, "response header names must be Strings");
+    const char *name = RSTRING_PTR(key);
+    long nlen = RSTRING_LEN(key);
+    if (nlen >= 5 && memcmp(name, "rack.", 5) == 0)
+        return ST_CONTINUE;
+    check_name(name, nlen);
+    if (ieq(name, nlen, "content-length")) {
+        x->has_cl = 1;
+        x->app_cl = parse_length(val);
+    } else if (ieq(name, nlen, "transfer-encoding")) {
+        x->has_te = 1;
+    } else if (ieq(name, nlen, "date")) {
+        x->has_date = 1;
+    } else if (ieq(name, nlen, "connection")) {
+        VALUE s = RB_TYPE_P(val, T_ARRAY) ? rb_ary_join(val, rb_str_new_cstr(",")) : val;
+        if (RB_TYPE_P(s, T_STRING) && has_close_token(RSTRING_PTR(s), RSTRING_LEN(s)))
+            x->conn_close = 1;
+        return ST_CONTINUE; /* the server writes its own connection header */
+    }
+    if (RB_TYPE_P(val, T_STRING)) {
+        emit_string(x, name, nlen, val);
+    } else if (RB_TYPE_P(val, T_ARRAY)) {
+        for (long i = 0; i < RARRAY_LEN(val); i++) {
+            VALUE e = RARRAY_AREF(val, i);
+            if (!RB_TYPE_P(e, T_STRING))
+                rb_raise(sv_eBadResponse, "response header %.*s has a non-String value", (int)(nlen > 64 ? 64 : nlen), name);
+            emit_string(x, name, nlen, e);
+        }
+    } else {
+        rb_raise(sv_eBadResponse, "response header %.*s must be a String or an Array of Strings", (int)(nlen > 64 ? 64 : nlen), name);
+    }
+    return ST_CONTINUE;
+}
+
+static VALUE foreach_headers(VALUE arg)
+{
+    head_ctx *x = (head_ctx *)arg;
+    rb_hash_foreach(x->headers, header_i, arg);
+    return Qnil;
+}
+
+/* "date: ...\r\n", formatted once a second; only touched with the GVL held. */
+static const char *date_line(size_t *len)
+{
+    static char buf[64];
+    static size_t blen;
+    static time_t cached;
+    time_t now = time(NULL);
+    if (now != cached) {
+        struct tm tm;
+        gmtime_r(&now, &tm);
+        blen = strftime(buf, sizeof(buf), "date: %a, %d %b %Y %H:%M:%S GMT\r\n", &tm);
+        cached = now;
+    }
+    *len = blen;
+    return buf;
+}
+
+/* Returns 1 when a body follows. `length` is the body size when the server
+ * knows it (an Array body, a file), else nil. `raw` is for partial hijack:
+ * no framing headers, the application writes the rest. */
+int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw)
+{
+    int code = NUM2INT(rb_Integer(status));
+    if (code < 100 || code > 999)
+        rb_raise(sv_eBadResponse, "invalid status %d", code);
+    sv_core *core = c->core;
+    const sv_request *r = c->req;
+    head_ctx x = {c, 0, 0, 0, 0, -1, Qnil};
+    size_t mark = c->out.len;
+    char line[64];
+    int n = snprintf(line, sizeof(line), "HTTP/1.1 %d %s\r\n", code, reason(code));
+    out(c, line, (size_t)n);
+    if (!NIL_P(headers)) {
+        if (!RB_TYPE_P(headers, T_HASH))
+            headers = rb_convert_type(headers, T_HASH, "Hash", "to_hash");
+        x.headers = headers;
+        int state = 0;
+        rb_protect(foreach_headers, (VALUE)&x, &state);
+        if (state) {
+            c->out.len = mark; /* nothing of a bad head is sent */
+            rb_jump_tag(state);
+        }
+    }
+    int bodyless = code < 200 || code == 204 || code == 304;
+    int keep = r->keep_alive && !core->draining && c->nreq < core->opt.max_keepalive_requests && !x.conn_close;
+    c->head_only = r->method_len == 4 && memcmp(r->method, "HEAD", 4) == 0;
+    c->expected = -1;
+    if (bodyless) {
+        c->mode = SV_MODE_NONE;
+    } else if (raw || x.has_te) {
+        c->mode = SV_MODE_RAW;
+        keep = 0;
+    } else if (x.has_cl) {
+        c->mode = SV_MODE_LENGTH;
+        c->expected = x.app_cl;
+    } else if (!NIL_P(length)) {
+        c->mode = SV_MODE_LENGTH;
+        c->expected = NUM2LL(length);
+        n = snprintf(line, sizeof(line), "content-length: %lld\r\n", (long long)c->expected);
+        out(c, line, (size_t)n);
+    } else if (c->head_only) {
+        c->mode = SV_MODE_NONE;
+    } else if (r->minor_version >= 1) {
+        c->mode = SV_MODE_CHUNKED;
+        out(c, "transfer-encoding: chunked\r\n", 28);
+    } else {
+        c->mode = SV_MODE_RAW;
+        keep = 0;
+    }
+    if (r->minor_version >= 1 && !keep)
+        out(c, "connection: close\r\n", 19);
+    else if (r->minor_version == 0 && keep)
+        out(c, "connection: keep-alive\r\n", 24);
+    if (!x.has_date) {
+        size_t dl;
+        const char *d = date_line(&dl);
+        out(c, d, dl);
+    }
+    out(c, "\r\n", 2);
+    c->keep_alive = keep;
+    c->head_written = 1;
+    c->sent_body = 0;
+    if (c->head_only)
+        c->mode = SV_MODE_NONE;
+    return !bodyless && !c->head_only;
+}

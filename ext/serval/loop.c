@@ -1,0 +1,725 @@
+/*
+ * The event-loop thread: accept, read, parse, read bodies, answer framing
+ * errors, finish slow writes, enforce timeouts. A plain pthread that never
+ * touches a Ruby object and never holds the GVL.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include "serval.h"
+
+static const char *status_reason(int status)
+{
+    switch (status) {
+    case 400: return "Bad Request";
+    case 408: return "Request Timeout";
+    case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
+    case 417: return "Expectation Failed";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
+    default: return "Error";
+    }
+}
+
+/* ---- connection table -------------------------------------------------- */
+
+static int table_add(sv_core *core, sv_conn *c)
+{
+    if (core->nconns == core->conns_cap) {
+        size_t cap = core->conns_cap ? core->conns_cap * 2 : 64;
+        sv_conn **p = realloc(core->conns, cap * sizeof(*p));
+        if (!p)
+            return -1;
+        core->conns = p;
+        core->conns_cap = cap;
+    }
+    c->slot = (uint32_t)core->nconns;
+    core->conns[core->nconns++] = c;
+    atomic_fetch_add(&core->open, 1);
+    return 0;
+}
+
+static void set_partial(sv_conn *c, int on)
+{
+    sv_core *core = c->core;
+    if (c->partial == on)
+        return;
+    c->partial = on;
+    if (on) {
+        atomic_fetch_add(&core->partial, 1);
+    } else if (atomic_fetch_sub(&core->partial, 1) == 1) {
+        pthread_mutex_lock(&core->mu);
+        if (core->draining)
+            pthread_cond_broadcast(&core->cv); /* waiting threads may stop now */
+        pthread_mutex_unlock(&core->mu);
+    }
+}
+
+/* Loop only: close and free a connection the loop owns (or a dead one). */
+static void conn_destroy(sv_conn *c)
+{
+    sv_core *core = c->core;
+    set_partial(c, 0);
+    uint32_t slot = c->slot;
+    if (slot < core->nconns && core->conns[slot] == c) {
+        sv_conn *last = core->conns[--core->nconns];
+        core->conns[slot] = last;
+        last->slot = slot;
+    }
+    atomic_fetch_sub(&core->open, 1);
+    sv_conn_free(c);
+}
+
+/* ---- listeners ----------------------------------------------------------- */
+
+static void listeners_register(sv_core *core, int on)
+{
+    if (core->accepting == on)
+        return;
+    for (int i = 0; i < core->nlisteners; i++) {
+        sv_listener *l = &core->listeners[i];
+        struct epoll_event ev;
+        memset(&ev, 0, sizeof(ev));
+        ev.events = EPOLLIN | EPOLLEXCLUSIVE;
+        ev.data.ptr = l;
+        epoll_ctl(core->epfd, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, l->fd, &ev);
+    }
+    core->accepting = on;
+}
+
+static void format_remote(sv_conn *c, const struct sockaddr_storage *ss)
+{
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &a->sin_addr, c->remote, sizeof(c->remote));
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+        if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr))
+            inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], c->remote, sizeof(c->remote));
+        else
+            inet_ntop(AF_INET6, &a->sin6_addr, c->remote, sizeof(c->remote));
+    } else {
+        snprintf(c->remote, sizeof(c->remote), "127.0.0.1"); /* unix socket peer */
+    }
+}
+
+static void do_accept(sv_core *core, sv_listener *l)
+{
+    for (int i = 0; i < SV_ACCEPT_BATCH; i++) {
+        if ((size_t)atomic_load(&core->open) >= core->opt.max_connections) {
+            listeners_register(core, 0); /* resumed by the timeout scan */
+            return;
+        }
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof(ss);
+        int fd = accept4(l->fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+                listeners_register(core, 0);
+            return;
+        }
+        if (ss.ss_family == AF_INET || ss.ss_family == AF_INET6) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        }
+        sv_conn *c = sv_conn_new(core, fd, l);
+        if (!c || table_add(core, c) != 0) {
+            free(c);
+            close(fd);
+            continue;
+        }
+        format_remote(c, &ss);
+        c->deadline = sv_now() + core->opt.first_data_timeout;
+        atomic_fetch_add(&core->accepted, 1);
+        struct epoll_event ev;
+        memset(&ev, 0, sizeof(ev));
+        ev.events = EPOLLIN | EPOLLONESHOT;
+        ev.data.ptr = c;
+        if (epoll_ctl(core->epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
+            conn_destroy(c);
+    }
+}
+
+/* ---- answering and closing --------------------------------------------- */
+
+static void linger_start(sv_conn *c)
+{
+    shutdown(c->fd, SHUT_WR);
+    c->state = SV_ST_LINGER;
+    c->in.len = 0;
+    c->deadline = sv_now() + SV_LINGER_SECONDS;
+    sv_loop_arm(c, EPOLLIN);
+}
+
+/* Loop side: the response in c->out is written; decide what comes next. */
+static void after_write(sv_conn *c)
+{
+    sv_core *core = c->core;
+    if (!c->keep_alive || c->close_after || core->draining || core->stopping) {
+        if (c->close_after || c->in.len > c->consumed)
+            linger_start(c);
+        else
+            conn_destroy(c);
+        return;
+    }
+    sv_conn_reset_request(c);
+    c->state = SV_ST_HEAD;
+    if (c->in.len > 0) {
+        c->deadline = sv_now() + core->opt.read_timeout;
+        sv_loop_process_input(c);
+    } else {
+        c->deadline = sv_now() + core->opt.persistent_timeout;
+        sv_loop_arm(c, EPOLLIN);
+    }
+}
+
+static void write_some(sv_conn *c)
+{
+    int r = sv_conn_flush(c);
+    if (r < 0) {
+        conn_destroy(c);
+    } else if (r == 0) {
+        c->state = SV_ST_WRITE;
+        c->deadline = sv_now() + c->core->opt.write_timeout;
+        sv_loop_arm(c, EPOLLOUT);
+    } else {
+        after_write(c);
+    }
+}
+
+static void http_date(char *buf, size_t len)
+{
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(buf, len, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+}
+
+/* Answer a request the application never sees, then close. */
+static void error_response(sv_conn *c, int status, const char *msg)
+{
+    sv_core *core = c->core;
+    char head[512], date[64];
+    if (!msg)
+        msg = status_reason(status);
+    http_date(date, sizeof(date));
+    int blen = (int)strlen(msg) + 1;
+    int n = snprintf(head, sizeof(head),
+                     "HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                     "content-length: %d\r\nconnection: close\r\ndate: %s\r\n\r\n%s\n",
+                     status, status_reason(status), blen, date, msg);
+    set_partial(c, 0);
+    atomic_fetch_add(&core->errors, 1);
+    c->out.len = c->out.off = 0;
+    c->file_rem = 0;
+    if (n < 0 || sv_buf_append(&c->out, head, (size_t)n, (size_t)n + SV_OUT_MIN) != 0) {
+        conn_destroy(c);
+        return;
+    }
+    c->keep_alive = 0;
+    c->close_after = 1;
+    write_some(c);
+}
+
+/* ---- requests ----------------------------------------------------------- */
+
+static void dispatch(sv_conn *c)
+{
+    sv_core *core = c->core;
+    set_partial(c, 0);
+    c->state = SV_ST_APP;
+    c->has_request = 1;
+    c->queued_at = sv_now();
+    atomic_fetch_add(&core->requests, 1);
+    pthread_mutex_lock(&core->mu);
+    atomic_store(&c->owner, SV_OWN_RUBY);
+    c->next = NULL;
+    if (core->q_tail)
+        core->q_tail->next = c;
+    else
+        core->q_head = c;
+    core->q_tail = c;
+    core->queued++;
+    if (core->waiting > 0)
+        pthread_cond_signal(&core->cv);
+    pthread_mutex_unlock(&core->mu);
+}
+
+static int open_tmpfile(sv_core *core)
+{
+    int fd = open(core->opt.tmpdir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0)
+        return fd;
+    char path[1100];
+    snprintf(path, sizeof(path), "%s/serval-body-XXXXXX", core->opt.tmpdir);
+    fd = mkostemp(path, O_CLOEXEC);
+    if (fd >= 0)
+        unlink(path);
+    return fd;
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Add decoded body bytes: memory up to body_spill, then an unlinked temp file.
+ * Returns 0, or the status to answer (413, 500). */
+static int body_sink(sv_conn *c, const char *p, size_t n)
+{
+    sv_options *o = &c->core->opt;
+    if (c->body_total + n > o->max_body)
+        return 413;
+    c->body_total += n;
+    if (c->body_fd < 0 && c->body.len + n <= o->body_spill)
+        return sv_buf_append(&c->body, p, n, o->body_spill) == 0 ? 0 : 500;
+    if (c->body_fd < 0) {
+        c->body_fd = open_tmpfile(c->core);
+        if (c->body_fd < 0 || write_all(c->body_fd, c->body.data, c->body.len) != 0)
+            return 500;
+        sv_buf_free(&c->body);
+    }
+    return write_all(c->body_fd, p, n) == 0 ? 0 : 500;
+}
+
+static void send_continue(sv_conn *c)
+{
+    static const char msg[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    if (c->req->minor_version >= 1)
+        (void)!send(c->fd, msg, sizeof(msg) - 1, MSG_NOSIGNAL);
+}
+
+/* Chunked body: decode what is buffered after the head. */
+static void chunked_step(sv_conn *c)
+{
+    size_t head = c->req->head_len;
+    size_t out = 0;
+    const char *msg = NULL;
+    ssize_t used = sv_chunked_decode(&c->chunked, c->in.data + head, c->in.len - head, &out, &msg);
+    if (used < 0) {
+        error_response(c, (int)-used, msg);
+        return;
+    }
+    int st = body_sink(c, c->in.data + head, out);
+    if (st) {
+        error_response(c, st, st == 413 ? "request body too large" : "cannot buffer request body");
+        return;
+    }
+    memmove(c->in.data + head, c->in.data + head + used, c->in.len - head - (size_t)used);
+    c->in.len -= (size_t)used;
+    if (c->chunked.done) {
+        c->consumed = head;
+        dispatch(c);
+    } else {
+        c->deadline = sv_now() + c->core->opt.read_timeout;
+        sv_loop_arm(c, EPOLLIN);
+    }
+}
+
+static void head_complete(sv_conn *c)
+{
+    sv_request *r = c->req;
+    sv_options *o = &c->core->opt;
+    if (r->method_len == 7 && memcmp(r->method, "CONNECT", 7) == 0) {
+        error_response(c, 501, "CONNECT is not supported");
+        return;
+    }
+    if (r->content_length > 0 && (uint64_t)r->content_length > o->max_body) {
+        error_response(c, 413, "request body too large");
+        return;
+    }
+    c->nreq++;
+    size_t have = c->in.len - r->head_len;
+    if (r->chunked) {
+        sv_chunked_init(&c->chunked, o->max_chunk_ext, o->lim.max_head);
+        c->state = SV_ST_BODY;
+        if (r->expect_continue && have == 0)
+            send_continue(c);
+        chunked_step(c);
+        return;
+    }
+    if (r->content_length <= 0) {
+        c->consumed = r->head_len;
+        dispatch(c);
+        return;
+    }
+    uint64_t len = (uint64_t)r->content_length;
+    if (have >= len) {
+        c->body_in_place = 1;
+        c->consumed = r->head_len + (size_t)len;
+        dispatch(c);
+        return;
+    }
+    c->state = SV_ST_BODY;
+    int st = body_sink(c, c->in.data + r->head_len, have);
+    if (st) {
+        error_response(c, st, "cannot buffer request body");
+        return;
+    }
+    c->in.len = r->head_len;
+    if (r->expect_continue && have == 0)
+        send_continue(c);
+    c->deadline = sv_now() + o->read_timeout;
+    sv_loop_arm(c, EPOLLIN);
+}
+
+void sv_loop_process_input(sv_conn *c)
+{
+    sv_core *core = c->core;
+    if (c->state == SV_ST_BODY) {
+        chunked_step(c);
+        return;
+    }
+    if (c->in.len == 0) {
+        set_partial(c, 0);
+        sv_loop_arm(c, EPOLLIN);
+        return;
+    }
+    set_partial(c, 1);
+    if (!c->req && !(c->req = malloc(sizeof(sv_request)))) {
+        conn_destroy(c);
+        return;
+    }
+    const char *msg = NULL;
+    int r = sv_parse_head(c->req, &core->opt.lim, c->in.data, c->in.len, &msg);
+    if (r < 0) {
+        error_response(c, -r, msg);
+    } else if (r == 0) {
+        sv_loop_arm(c, EPOLLIN);
+    } else {
+        head_complete(c);
+    }
+}
+
+/* ---- reading ------------------------------------------------------------ */
+
+static int read_into(sv_conn *c, char *p, size_t n)
+{
+    for (;;) {
+        ssize_t got = read(c->fd, p, n);
+        if (got > 0)
+            return (int)got;
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            sv_loop_arm(c, EPOLLIN);
+            return 0;
+        }
+        conn_destroy(c); /* EOF or error: an incomplete request is dropped */
+        return -1;
+    }
+}
+
+static void read_head(sv_conn *c)
+{
+    sv_options *o = &c->core->opt;
+    size_t limit = o->lim.max_head + SV_READ_MIN;
+    if (sv_buf_reserve(&c->in, SV_READ_MIN / 4, limit) != 0) {
+        error_response(c, 431, "header section too large");
+        return;
+    }
+    int n = read_into(c, c->in.data + c->in.len, c->in.cap - c->in.len);
+    if (n <= 0)
+        return;
+    if (c->in.len == 0)
+        c->deadline = sv_now() + o->read_timeout;
+    c->in.len += (size_t)n;
+    sv_loop_process_input(c);
+}
+
+static void read_body(sv_conn *c)
+{
+    sv_options *o = &c->core->opt;
+    size_t head = c->req->head_len;
+    if (sv_buf_reserve(&c->in, SV_BODY_WINDOW / 4, head + SV_BODY_WINDOW) != 0) {
+        if (c->in.cap <= c->in.len) {
+            error_response(c, 400, "chunk framing too large");
+            return;
+        }
+    }
+    size_t room = c->in.cap - c->in.len;
+    if (!c->req->chunked) {
+        uint64_t left = (uint64_t)c->req->content_length - c->body_total;
+        if (room > left)
+            room = (size_t)left;
+    }
+    int n = read_into(c, c->in.data + c->in.len, room);
+    if (n <= 0)
+        return;
+    if (c->req->chunked) {
+        c->in.len += (size_t)n;
+        chunked_step(c);
+        return;
+    }
+    int st = body_sink(c, c->in.data + head, (size_t)n);
+    if (st) {
+        error_response(c, st, "cannot buffer request body");
+        return;
+    }
+    if (c->body_total == (uint64_t)c->req->content_length) {
+        c->consumed = head;
+        dispatch(c);
+    } else {
+        c->deadline = sv_now() + o->read_timeout;
+        sv_loop_arm(c, EPOLLIN);
+    }
+}
+
+static void linger_read(sv_conn *c)
+{
+    char scratch[4096];
+    for (;;) {
+        ssize_t n = read(c->fd, scratch, sizeof(scratch));
+        if (n > 0)
+            continue;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            sv_loop_arm(c, EPOLLIN);
+            return;
+        }
+        conn_destroy(c);
+        return;
+    }
+}
+
+static void conn_event(sv_conn *c, uint32_t events)
+{
+    if (atomic_load(&c->owner) != SV_OWN_LOOP)
+        return;
+    switch (c->state) {
+    case SV_ST_HEAD: read_head(c); break;
+    case SV_ST_BODY: read_body(c); break;
+    case SV_ST_WRITE: write_some(c); break;
+    case SV_ST_LINGER: linger_read(c); break;
+    default: break;
+    }
+}
+
+/* ---- wake-ups, timeouts, draining -------------------------------------- */
+
+static void take_lists(sv_core *core, sv_conn **returned, sv_conn **dead)
+{
+    pthread_mutex_lock(&core->mu);
+    *returned = core->returned;
+    *dead = core->dead;
+    core->returned = core->dead = NULL;
+    pthread_mutex_unlock(&core->mu);
+}
+
+static void handle_wake(sv_core *core)
+{
+    uint64_t v;
+    (void)!read(core->wakefd, &v, sizeof(v));
+    sv_conn *ret, *dead;
+    take_lists(core, &ret, &dead);
+    while (dead) {
+        sv_conn *n = dead->next;
+        conn_destroy(dead);
+        dead = n;
+    }
+    while (ret) {
+        sv_conn *n = ret->next;
+        if (core->draining)
+            conn_destroy(ret);
+        else
+            sv_loop_process_input(ret);
+        ret = n;
+    }
+}
+
+static int conn_expired(sv_conn *c, double now, int draining)
+{
+    if (atomic_load(&c->owner) != SV_OWN_LOOP)
+        return 0;
+    if (draining && c->state == SV_ST_HEAD && c->in.len == 0)
+        return 1;
+    return now > c->deadline;
+}
+
+static void scan_timeouts(sv_core *core, double now)
+{
+    size_t cap = core->nconns, n = 0;
+    sv_conn **hit = cap ? malloc(cap * sizeof(*hit)) : NULL;
+    pthread_mutex_lock(&core->mu);
+    int draining = core->draining || core->stopping;
+    for (size_t i = 0; hit && i < core->nconns; i++)
+        if (conn_expired(core->conns[i], now, draining))
+            hit[n++] = core->conns[i];
+    pthread_mutex_unlock(&core->mu);
+    for (size_t i = 0; i < n; i++) {
+        sv_conn *c = hit[i];
+        if (c->state == SV_ST_HEAD && c->in.len > 0)
+            error_response(c, 408, "request timeout");
+        else if (c->state == SV_ST_BODY)
+            error_response(c, 408, "request timeout");
+        else
+            conn_destroy(c);
+    }
+    free(hit);
+    if (!draining && !core->accepting && (size_t)atomic_load(&core->open) < core->opt.max_connections)
+        listeners_register(core, 1);
+}
+
+static int loop_should_exit(sv_core *core, double now)
+{
+    pthread_mutex_lock(&core->mu);
+    int stopping = core->stopping;
+    double deadline = core->stop_deadline;
+    pthread_mutex_unlock(&core->mu);
+    if (!stopping)
+        return 0;
+    if (now >= deadline)
+        return 1;
+    for (size_t i = 0; i < core->nconns; i++) {
+        sv_conn *c = core->conns[i];
+        if (atomic_load(&c->owner) == SV_OWN_LOOP && c->state == SV_ST_WRITE)
+            return 0; /* still finishing a response */
+    }
+    return 1;
+}
+
+static void *loop_main(void *arg)
+{
+    sv_core *core = arg;
+    struct epoll_event events[SV_EVENTS];
+    listeners_register(core, 1);
+    core->next_scan = sv_now() + SV_SCAN_INTERVAL_MS / 1000.0;
+    for (;;) {
+        int n = epoll_wait(core->epfd, events, SV_EVENTS, SV_SCAN_INTERVAL_MS);
+        for (int i = 0; i < n; i++) {
+            int kind = *(int *)events[i].data.ptr;
+            if (kind == SV_KIND_LISTENER) {
+                if (core->accepting)
+                    do_accept(core, events[i].data.ptr);
+            } else if (kind == SV_KIND_WAKE) {
+                handle_wake(core);
+            } else {
+                conn_event(events[i].data.ptr, events[i].events);
+            }
+        }
+        pthread_mutex_lock(&core->mu);
+        int draining = core->draining || core->stopping;
+        pthread_mutex_unlock(&core->mu);
+        if (draining)
+            listeners_register(core, 0);
+        double now = sv_now();
+        if (now >= core->next_scan || draining) {
+            scan_timeouts(core, now);
+            core->next_scan = now + SV_SCAN_INTERVAL_MS / 1000.0;
+        }
+        if (loop_should_exit(core, now))
+            break;
+    }
+    /* close what the loop owns; Ruby-owned connections stay until their Request ends */
+    handle_wake(core);
+    for (size_t i = core->nconns; i > 0; i--) {
+        sv_conn *c = core->conns[i - 1];
+        if (atomic_load(&c->owner) != SV_OWN_RUBY)
+            conn_destroy(c);
+    }
+    return NULL;
+}
+
+/* ---- lifecycle (called from Ruby threads) ------------------------------- */
+
+int sv_core_init(sv_core *core)
+{
+    core->epfd = epoll_create1(EPOLL_CLOEXEC);
+    core->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (core->epfd < 0 || core->wakefd < 0)
+        return -1;
+    core->wake_kind = SV_KIND_WAKE;
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.events = EPOLLIN;
+    ev.data.ptr = &core->wake_kind;
+    if (epoll_ctl(core->epfd, EPOLL_CTL_ADD, core->wakefd, &ev) != 0)
+        return -1;
+    pthread_mutex_init(&core->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&core->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    return 0;
+}
+
+int sv_core_start(sv_core *core)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old); /* signals go to Ruby's threads */
+    int rc = pthread_create(&core->thread, NULL, loop_main, core);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0)
+        return -1;
+    pthread_setname_np(core->thread, "serval-io");
+    core->started = 1;
+    return 0;
+}
+
+void sv_core_wake(sv_core *core)
+{
+    uint64_t one = 1;
+    (void)!write(core->wakefd, &one, sizeof(one));
+}
+
+void sv_core_stop_and_join(sv_core *core, double grace)
+{
+    pthread_mutex_lock(&core->mu);
+    if (!core->stopping) {
+        core->stopping = 1;
+        core->stop_deadline = sv_now() + grace;
+    } else if (sv_now() + grace < core->stop_deadline) {
+        core->stop_deadline = sv_now() + grace;
+    }
+    pthread_cond_broadcast(&core->cv);
+    pthread_mutex_unlock(&core->mu);
+    if (!core->started || core->joined)
+        return;
+    sv_core_wake(core);
+    pthread_join(core->thread, NULL);
+    core->joined = 1;
+}
+
+void sv_core_destroy(sv_core *core)
+{
+    /* every connection, dead or alive, is in the table until the loop frees it */
+    for (size_t i = 0; i < core->nconns; i++)
+        sv_conn_free(core->conns[i]);
+    free(core->conns);
+    core->conns = NULL;
+    core->nconns = 0;
+    core->dead = core->returned = core->q_head = core->q_tail = NULL;
+    if (core->epfd >= 0)
+        close(core->epfd);
+    if (core->wakefd >= 0)
+        close(core->wakefd);
+    core->epfd = core->wakefd = -1;
+}

@@ -1,0 +1,348 @@
+/* Serval::Native::Request - one request, owned by one Ruby thread until #finish. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/epoll.h>
+#include <ruby.h>
+#include <ruby/thread.h>
+#include "serval_ruby.h"
+
+VALUE sv_cRequest;
+
+#define SV_FINISH_INLINE 16384   /* finish with the GVL held when this little is pending */
+
+typedef struct {
+    VALUE core_obj;
+    sv_core *core;
+    sv_conn *conn;      /* NULL once finished, hijacked or aborted */
+} sv_req;
+
+static void req_mark(void *p)
+{
+    rb_gc_mark(((sv_req *)p)->core_obj);
+}
+
+static void req_free(void *p)
+{
+    sv_req *r = p;
+    if (r->conn) /* abandoned without finish: close it */
+        sv_conn_give_to_loop_dead(r->conn);
+    if (r->core)
+        sv_core_unref(r->core);
+    xfree(r);
+}
+
+static const rb_data_type_t req_type = {
+    "Serval::Native::Request",
+    {req_mark, req_free, NULL},
+    NULL, NULL, 0,
+};
+
+VALUE sv_request_new(VALUE core_obj, sv_core *core, sv_conn *conn)
+{
+    sv_req *r;
+    VALUE obj = TypedData_Make_Struct(sv_cRequest, sv_req, &req_type, r);
+    r->core_obj = core_obj;
+    r->core = core;
+    sv_core_ref(core);
+    r->conn = conn;
+    return obj;
+}
+
+static sv_req *get(VALUE self)
+{
+    sv_req *r;
+    TypedData_Get_Struct(self, sv_req, &req_type, r);
+    return r;
+}
+
+static sv_conn *conn_of(VALUE self)
+{
+    sv_req *r = get(self);
+    if (!r->conn)
+        rb_raise(sv_eConnectionError, "request already finished");
+    return r->conn;
+}
+
+/* ---- blocking writes without the GVL ------------------------------------ */
+
+typedef struct {
+    sv_conn *c;
+    size_t until;        /* stop once pending bytes <= until */
+    int result;          /* 1 done, -1 error, -2 timeout, 0 interrupted */
+} flush_args;
+
+static size_t pending(sv_conn *c)
+{
+    return c->out.len - c->out.off;
+}
+
+static void *flush_nogvl(void *p)
+{
+    flush_args *a = p;
+    sv_conn *c = a->c;
+    for (;;) {
+        int r = sv_conn_flush(c);
+        if (r < 0) {
+            a->result = -1;
+            return NULL;
+        }
+        if (r == 1 || pending(c) <= a->until) {
+            a->result = 1;
+            return NULL;
+        }
+        struct pollfd pfd = {c->fd, POLLOUT, 0};
+        int ms = (int)(c->core->opt.write_timeout * 1000);
+        int pr = poll(&pfd, 1, ms);
+        if (pr == 0) {
+            a->result = -2;
+            return NULL;
+        }
+        if (pr < 0 && errno == EINTR) {
+            a->result = 0;
+            return NULL;
+        }
+    }
+}
+
+static void flush_blocking(VALUE self, sv_conn *c, size_t until)
+{
+    flush_args a = {c, until, 0};
+    while (a.result == 0) {
+        rb_thread_call_without_gvl(flush_nogvl, &a, RUBY_UBF_IO, NULL);
+        if (a.result == 0)
+            rb_thread_check_ints();
+    }
+    if (a.result == -2)
+        rb_raise(sv_eWriteTimeout, "client did not read the response within write_timeout");
+    if (a.result == -1)
+        rb_raise(sv_eConnectionError, "client closed the connection");
+}
+
+/* Append body bytes, flushing when the per-connection buffer is full. */
+static void append_body(VALUE self, sv_conn *c, const char *p, size_t n)
+{
+    size_t cap = c->core->opt.output_buffer;
+    while (n > 0) {
+        size_t used = pending(c);
+        if (used >= cap) {
+            flush_blocking(self, c, cap / 2);
+            continue;
+        }
+        if (c->out.off > 0 && c->out.off == c->out.len)
+            c->out.len = c->out.off = 0;
+        size_t take = n < cap - used ? n : cap - used;
+        if (sv_buf_append(&c->out, p, take, (size_t)-1) != 0)
+            rb_raise(rb_eNoMemError, "cannot buffer response");
+        p += take;
+        n -= take;
+    }
+}
+
+/* ---- methods ------------------------------------------------------------ */
+
+static VALUE req_env(VALUE self, VALUE tmpl)
+{
+    Check_Type(tmpl, T_HASH);
+    return sv_build_env(conn_of(self), tmpl);
+}
+
+static VALUE req_body(VALUE self)
+{
+    sv_conn *c = conn_of(self);
+    const sv_request *r = c->req;
+    if (c->body_in_place)
+        return rb_str_new(c->in.data + r->head_len, (long)r->content_length);
+    if (c->body_fd >= 0) {
+        int fd = c->body_fd;
+        c->body_fd = -1;
+        lseek(fd, 0, SEEK_SET);
+        return INT2NUM(fd);
+    }
+    if (r->chunked || c->body.len > 0)
+        return rb_str_new(c->body.data ? c->body.data : "", (long)c->body.len);
+    return Qnil;
+}
+
+static VALUE req_write_head(int argc, VALUE *argv, VALUE self)
+{
+    VALUE status, headers, length, raw;
+    rb_scan_args(argc, argv, "31", &status, &headers, &length, &raw);
+    return sv_write_head(conn_of(self), status, headers, length, RTEST(raw)) ? Qtrue : Qfalse;
+}
+
+static VALUE req_write(VALUE self, VALUE str)
+{
+    sv_conn *c = conn_of(self);
+    StringValue(str);
+    size_t n = (size_t)RSTRING_LEN(str);
+    if (n == 0 || c->mode == SV_MODE_NONE)
+        return Qnil;
+    if (c->mode == SV_MODE_LENGTH) {
+        uint64_t room = c->expected > c->sent_body ? (uint64_t)(c->expected - c->sent_body) : 0;
+        if (n > room) {
+            n = (size_t)room; /* more than content-length: never sent, connection closed */
+            c->keep_alive = 0;
+        }
+    }
+    if (c->mode == SV_MODE_CHUNKED) {
+        char hex[24];
+        int hl = snprintf(hex, sizeof(hex), "%zx\r\n", n);
+        append_body(self, c, hex, (size_t)hl);
+        append_body(self, c, RSTRING_PTR(str), n);
+        append_body(self, c, "\r\n", 2);
+    } else {
+        append_body(self, c, RSTRING_PTR(str), n);
+    }
+    c->sent_body += (int64_t)n;
+    RB_GC_GUARD(str);
+    return Qnil;
+}
+
+static VALUE req_sendfile(VALUE self, VALUE fd, VALUE offset, VALUE length)
+{
+    sv_conn *c = conn_of(self);
+    if (c->mode != SV_MODE_LENGTH)
+        return Qfalse;
+    uint64_t len = NUM2ULL(length);
+    int dup = fcntl(NUM2INT(fd), F_DUPFD_CLOEXEC, 0);
+    if (dup < 0)
+        rb_sys_fail("dup");
+    if (c->file_fd >= 0)
+        close(c->file_fd);
+    c->file_fd = dup;
+    c->file_off = (off_t)NUM2LL(offset);
+    c->file_rem = len;
+    c->sent_body += (int64_t)len;
+    return Qtrue;
+}
+
+static void *done_nogvl(void *p)
+{
+    sv_conn_response_done(p);
+    return NULL;
+}
+
+static VALUE req_finish(VALUE self)
+{
+    sv_req *r = get(self);
+    sv_conn *c = r->conn;
+    if (!c)
+        return Qnil;
+    if (c->mode == SV_MODE_CHUNKED)
+        append_body(self, c, "0\r\n\r\n", 5);
+    else if (c->mode == SV_MODE_LENGTH && c->sent_body != c->expected)
+        c->keep_alive = 0; /* body shorter than declared: the client sees the close */
+    r->conn = NULL;
+    if (pending(c) + c->file_rem <= SV_FINISH_INLINE)
+        sv_conn_response_done(c);
+    else
+        rb_thread_call_without_gvl(done_nogvl, c, RUBY_UBF_IO, NULL);
+    return Qnil;
+}
+
+static VALUE req_abort(VALUE self)
+{
+    sv_req *r = get(self);
+    if (r->conn) {
+        sv_conn_give_to_loop_dead(r->conn);
+        r->conn = NULL;
+    }
+    return Qnil;
+}
+
+static VALUE req_hijack(VALUE self)
+{
+    sv_req *r = get(self);
+    sv_conn *c = conn_of(self);
+    if (pending(c) > 0)
+        flush_blocking(self, c, 0);
+    epoll_ctl(c->core->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    int fd = c->fd;
+    c->fd = -1;
+    r->conn = NULL;
+    sv_conn_give_to_loop_dead(c);
+    return INT2NUM(fd);
+}
+
+static int hint_i(VALUE key, VALUE val, VALUE arg)
+{
+    VALUE lines = (VALUE)arg;
+    VALUE k = rb_obj_as_string(key);
+    VALUE list = RB_TYPE_P(val, T_ARRAY) ? val : rb_str_split(rb_obj_as_string(val), "\n");
+    for (long i = 0; i < RARRAY_LEN(list); i++) {
+        VALUE v = rb_obj_as_string(RARRAY_AREF(list, i));
+        if (memchr(RSTRING_PTR(v), '\r', (size_t)RSTRING_LEN(v)) || memchr(RSTRING_PTR(v), '\n', (size_t)RSTRING_LEN(v)) ||
+            memchr(RSTRING_PTR(k), '\r', (size_t)RSTRING_LEN(k)) || memchr(RSTRING_PTR(k), '\n', (size_t)RSTRING_LEN(k)) ||
+            memchr(RSTRING_PTR(k), ':', (size_t)RSTRING_LEN(k)))
+            rb_raise(sv_eBadResponse, "invalid early hints header");
+        rb_str_append(lines, k);
+        rb_str_cat(lines, ": ", 2);
+        rb_str_append(lines, v);
+        rb_str_cat(lines, "\r\n", 2);
+    }
+    return ST_CONTINUE;
+}
+
+static VALUE req_early_hints(VALUE self, VALUE headers)
+{
+    sv_conn *c = conn_of(self);
+    if (c->req->minor_version < 1 || c->out.len > 0)
+        return Qfalse; /* no 1xx to HTTP/1.0 clients, nor after the final head */
+    VALUE s = rb_str_new_cstr("HTTP/1.1 103 Early Hints\r\n");
+    rb_hash_foreach(rb_convert_type(headers, T_HASH, "Hash", "to_hash"), hint_i, (VALUE)s);
+    rb_str_cat(s, "\r\n", 2);
+    append_body(self, c, RSTRING_PTR(s), (size_t)RSTRING_LEN(s));
+    flush_blocking(self, c, 0);
+    c->out.len = c->out.off = 0;
+    return Qtrue;
+}
+
+static VALUE req_queued_at(VALUE self)
+{
+    return DBL2NUM(conn_of(self)->queued_at);
+}
+
+static VALUE req_keep_alive_p(VALUE self)
+{
+    return conn_of(self)->keep_alive ? Qtrue : Qfalse;
+}
+
+static VALUE req_http10_p(VALUE self)
+{
+    return conn_of(self)->req->minor_version == 0 ? Qtrue : Qfalse;
+}
+
+static VALUE req_head_written_p(VALUE self)
+{
+    sv_req *r = get(self);
+    return !r->conn || r->conn->head_written ? Qtrue : Qfalse;
+}
+
+static VALUE req_finished_p(VALUE self)
+{
+    return get(self)->conn ? Qfalse : Qtrue;
+}
+
+void sv_init_request(VALUE mNative)
+{
+    sv_cRequest = rb_define_class_under(mNative, "Request", rb_cObject);
+    rb_undef_alloc_func(sv_cRequest);
+    rb_define_method(sv_cRequest, "env", req_env, 1);
+    rb_define_method(sv_cRequest, "body", req_body, 0);
+    rb_define_method(sv_cRequest, "write_head", req_write_head, -1);
+    rb_define_method(sv_cRequest, "write", req_write, 1);
+    rb_define_method(sv_cRequest, "sendfile", req_sendfile, 3);
+    rb_define_method(sv_cRequest, "finish", req_finish, 0);
+    rb_define_method(sv_cRequest, "abort", req_abort, 0);
+    rb_define_method(sv_cRequest, "hijack", req_hijack, 0);
+    rb_define_method(sv_cRequest, "early_hints", req_early_hints, 1);
+    rb_define_method(sv_cRequest, "queued_at", req_queued_at, 0);
+    rb_define_method(sv_cRequest, "keep_alive?", req_keep_alive_p, 0);
+    rb_define_method(sv_cRequest, "http10?", req_http10_p, 0);
+    rb_define_method(sv_cRequest, "finished?", req_finished_p, 0);
+    rb_define_method(sv_cRequest, "head_written?", req_head_written_p, 0);
+}

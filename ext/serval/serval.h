@@ -1,0 +1,181 @@
+/*
+ * Shared declarations of Serval's native I/O core.
+ *
+ * Ownership rule: a connection is owned either by the event-loop thread
+ * (SV_OWN_LOOP) or by exactly one Ruby worker thread (SV_OWN_RUBY). The owner
+ * is the only one that touches it; ownership moves through the ready queue
+ * (loop -> Ruby) and through an atomic store followed by an epoll re-arm or the
+ * return list (Ruby -> loop). The loop thread never touches a Ruby object.
+ */
+#ifndef SERVAL_H
+#define SERVAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include "parser.h"
+
+#define SV_MAX_LISTENERS 16
+#define SV_READ_MIN 4096             /* first read buffer size */
+#define SV_BODY_WINDOW 65536         /* read window for bodies */
+#define SV_OUT_MIN 16384             /* output buffer kept by an idle connection */
+#define SV_LINGER_SECONDS 2.0        /* lingering close after an error response */
+#define SV_SCAN_INTERVAL_MS 50       /* timeout scan granularity */
+#define SV_ACCEPT_BATCH 64           /* accepts per listener event */
+#define SV_EVENTS 128                /* epoll events per wait */
+#define SV_REMOTE_MAX 64
+
+enum { SV_KIND_LISTENER = 1, SV_KIND_CONN = 2, SV_KIND_WAKE = 3 };
+enum { SV_OWN_LOOP = 0, SV_OWN_RUBY = 1, SV_OWN_DEAD = 2 };
+enum {
+    SV_ST_HEAD = 0,   /* waiting for / reading a request head */
+    SV_ST_BODY,       /* reading a request body */
+    SV_ST_APP,        /* in the ready queue or with a Ruby thread */
+    SV_ST_WRITE,      /* loop finishes writing the response */
+    SV_ST_LINGER      /* error answered; discard input until EOF or timeout */
+};
+enum { SV_MODE_NONE = 0, SV_MODE_LENGTH, SV_MODE_CHUNKED, SV_MODE_RAW };
+
+typedef struct {
+    char *data;
+    size_t len;
+    size_t cap;
+    size_t off;       /* output buffers: bytes already written */
+} sv_buf;
+
+typedef struct sv_listener {
+    int kind;
+    int fd;
+    int port;
+    char name[256];
+} sv_listener;
+
+typedef struct sv_core sv_core;
+
+typedef struct sv_conn {
+    int kind;
+    int fd;
+    _Atomic int owner;
+    int state;
+    sv_core *core;
+    struct sv_conn *next;        /* ready queue / return list / dead list link */
+    uint32_t slot;               /* index in core->conns */
+    sv_listener *listener;
+    char remote[SV_REMOTE_MAX];
+
+    /* request side */
+    sv_buf in;                   /* raw bytes; the head stays at the front while the request lives */
+    sv_request *req;             /* parsed head (points into in.data) */
+    size_t consumed;             /* bytes of in that belong to the current request */
+    int has_request;
+    int body_in_place;           /* body is in.data[head_len .. head_len+content_length) */
+    sv_buf body;                 /* body in memory */
+    int body_fd;                 /* body spilled to an unlinked temp file, or -1 */
+    uint64_t body_total;
+    sv_chunked chunked;
+    int partial;                 /* counted in core->partial */
+    unsigned nreq;               /* requests served on this connection */
+    double deadline;             /* monotonic seconds */
+    double queued_at;
+
+    /* response side */
+    sv_buf out;
+    int file_fd;                 /* sendfile source or -1 */
+    off_t file_off;
+    uint64_t file_rem;
+    int mode;                    /* SV_MODE_* of the current response */
+    int64_t expected;            /* SV_MODE_LENGTH: declared length */
+    int64_t sent_body;           /* body bytes accepted so far */
+    int keep_alive;              /* decided by write_head */
+    int head_only;               /* HEAD request: body bytes are dropped */
+    int close_after;             /* close once the output is written */
+    int head_written;            /* write_head succeeded for the current request */
+} sv_conn;
+
+typedef struct {
+    sv_limits lim;
+    uint64_t max_body;
+    size_t body_spill;
+    size_t max_chunk_ext;
+    double first_data_timeout;
+    double read_timeout;
+    double persistent_timeout;
+    double write_timeout;
+    size_t max_connections;
+    size_t output_buffer;
+    unsigned max_keepalive_requests;
+    char tmpdir[1024];
+} sv_options;
+
+struct sv_core {
+    sv_options opt;
+    int epfd;
+    int wakefd;                  /* eventfd: Ruby threads wake the loop */
+    int wake_kind;               /* epoll tag for wakefd (SV_KIND_WAKE) */
+    pthread_t thread;
+    int started;
+    int joined;
+
+    sv_listener listeners[SV_MAX_LISTENERS];
+    int nlisteners;
+    int accepting;               /* listeners registered with epoll (loop only) */
+
+    sv_conn **conns;             /* slot table, loop only */
+    size_t nconns;
+    size_t conns_cap;
+    double next_scan;
+
+    pthread_mutex_t mu;          /* guards everything below */
+    pthread_cond_t cv;
+    sv_conn *q_head, *q_tail;    /* ready queue */
+    size_t queued;
+    int waiting;                 /* Ruby threads blocked in Core#next */
+    sv_conn *returned;           /* conns handed back to the loop for parsing */
+    sv_conn *dead;               /* conns closed by Ruby threads, to free */
+    int draining;
+    int stopping;
+    double stop_deadline;
+
+    _Atomic long partial;        /* loop-owned conns holding a partial request */
+    _Atomic unsigned long accepted;
+    _Atomic unsigned long requests;
+    _Atomic unsigned long errors;
+    _Atomic long open;           /* open connections */
+};
+
+/* buffer.c */
+int sv_buf_reserve(sv_buf *b, size_t extra, size_t limit);
+int sv_buf_append(sv_buf *b, const void *p, size_t n, size_t limit);
+void sv_buf_consume_front(sv_buf *b, size_t n);
+void sv_buf_free(sv_buf *b);
+void sv_buf_shrink(sv_buf *b, size_t keep);
+
+/* util */
+double sv_now(void);
+
+/* loop.c */
+int sv_core_init(sv_core *core);
+int sv_core_start(sv_core *core);
+void sv_core_wake(sv_core *core);
+void sv_core_stop_and_join(sv_core *core, double grace);
+void sv_core_destroy(sv_core *core);
+
+/* conn.c: used by both sides */
+sv_conn *sv_conn_new(sv_core *core, int fd, sv_listener *l);
+void sv_conn_free(sv_conn *c);
+/* Write what the socket takes now: 1 = all written, 0 = would block, -1 = error. */
+int sv_conn_flush(sv_conn *c);
+/* Ruby side, without the GVL: response is complete. Returns 0, or -1 on write error. */
+void sv_conn_response_done(sv_conn *c);
+void sv_conn_give_to_loop_dead(sv_conn *c);
+void sv_conn_reset_request(sv_conn *c);
+void sv_conn_close_fd(sv_conn *c);
+
+/* loop.c: parse what is buffered and dispatch (loop thread only) */
+void sv_loop_process_input(sv_conn *c);
+void sv_loop_arm(sv_conn *c, uint32_t events);
+
+#endif

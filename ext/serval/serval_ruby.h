@@ -1,0 +1,20 @@
+/* Declarations shared by the Ruby-facing C files. */
+#ifndef SERVAL_RUBY_H
+#define SERVAL_RUBY_H
+
+#include <ruby.h>
+#include "serval.h"
+
+extern VALUE sv_cCore, sv_cRequest, sv_eConnectionError, sv_eWriteTimeout, sv_eBadResponse;
+
+sv_core *sv_core_get(VALUE core_obj);
+void sv_core_ref(sv_core *core);
+void sv_core_unref(sv_core *core);
+VALUE sv_request_new(VALUE core_obj, sv_core *core, sv_conn *conn);
+void sv_init_core(VALUE mNative);
+void sv_init_request(VALUE mNative);
+void sv_init_env(void);
+VALUE sv_build_env(sv_conn *c, VALUE tmpl);
+int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw);
+
+#endif

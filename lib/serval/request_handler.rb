@@ -1,0 +1,117 @@
+# frozen_string_literal: true
+
+require "stringio"
+require "serval/response_writer"
+require "serval/hijack"
+
+module Serval
+  # Turns one native Request into a Rack call and its response.
+  class RequestHandler
+    RACK_INPUT = "rack.input"
+    RACK_HIJACK = "rack.hijack"
+    RACK_FINISHED = "rack.response_finished"
+    RACK_AFTER_REPLY = "rack.after_reply"
+    RACK_EARLY_HINTS = "rack.early_hints"
+    RACK_PROTOCOL = "rack.protocol"
+    HTTP_UPGRADE = "HTTP_UPGRADE"
+    EMPTY = "".b.freeze
+
+    def initialize(app, options, log_writer)
+      @app = app
+      @log_writer = log_writer
+      @template = env_template.freeze
+      @early_hints = options[:early_hints]
+      @log_requests = options[:log_requests]
+      @errors = ErrorResponder.new(options[:lowlevel_error_handler], log_writer)
+      @writer = ResponseWriter.new
+    end
+
+    def call(request)
+      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      env = request.env(@template)
+      input = make_input(request.body)
+      env[RACK_INPUT] = input
+      hijack = Hijack.new(request, env)
+      env[RACK_HIJACK] = hijack
+      env[RACK_FINISHED] = finished = []
+      env[RACK_AFTER_REPLY] = after = []
+      env[RACK_EARLY_HINTS] = hijack.method(:early_hints) if @early_hints
+      env[RACK_PROTOCOL] = env[HTTP_UPGRADE].split(/\s*,\s*/) if env.key?(HTTP_UPGRADE)
+      status = headers = error = nil
+      begin
+        status, headers, body = @app.call(env)
+        @writer.write(request, env, status, headers, body) unless hijack.full?
+      rescue ConnectionError => e
+        error = e
+        request.abort
+      rescue Exception => e # rubocop:disable Lint/RescueException
+        error = e
+        status, headers = @errors.respond(request, env, e)
+      ensure
+        close_body(body)
+      end
+      request.finish unless hijack.full?
+      log_access(env, status, started) if @log_requests
+      run_callbacks(env, status, headers, error, finished, after)
+    ensure
+      input.close if input.is_a?(File)
+    end
+
+    private
+
+    def env_template
+      env = {
+        "SCRIPT_NAME" => "",
+        "SERVER_SOFTWARE" => "Serval/#{VERSION}",
+        "rack.errors" => $stderr,
+        "rack.multithread" => true,
+        "rack.multiprocess" => false,
+        "rack.run_once" => false,
+        "rack.url_scheme" => "http",
+        "rack.hijack?" => true
+      }
+      env["rack.version"] = [1, 6] if rack2?
+      env
+    end
+
+    def rack2?
+      defined?(Rack::RELEASE) && Rack::RELEASE.start_with?("2.")
+    end
+
+    def make_input(body)
+      case body
+      when nil then StringIO.new(EMPTY)
+      when String then StringIO.new(body)
+      else File.for_fd(body, "rb")
+      end
+    end
+
+    def close_body(body)
+      body.close if body.respond_to?(:close)
+    rescue StandardError => e
+      @log_writer.exception(e, "body.close raised")
+    end
+
+    def run_callbacks(env, status, headers, error, finished, after)
+      finished.reverse_each do |callback|
+        callback.call(env, status, headers, error)
+      rescue StandardError => e
+        @log_writer.exception(e, "rack.response_finished callback raised")
+      end
+      after.each do |callback|
+        callback.call
+      rescue StandardError => e
+        @log_writer.exception(e, "rack.after_reply callback raised")
+      end
+    end
+
+    def log_access(env, status, started)
+      ms = (Process.clock_gettime(Process::CLOCK_MONOTONIC) - started) * 1000
+      query = env["QUERY_STRING"]
+      path = query.nil? || query.empty? ? env["PATH_INFO"] : "#{env['PATH_INFO']}?#{query}"
+      @log_writer.access(format('%s - - [%s] "%s %s %s" %s %.2fms',
+                                env["REMOTE_ADDR"], Time.now.strftime("%d/%b/%Y:%H:%M:%S %z"),
+                                env["REQUEST_METHOD"], path, env["SERVER_PROTOCOL"], status || "-", ms))
+    end
+  end
+end

@@ -1,0 +1,74 @@
+# frozen_string_literal: true
+
+require "serval/stream"
+
+module Serval
+  # Writes a Rack response through a native Request: Array bodies with a
+  # content-length, to_path bodies with sendfile, other enumerables chunked
+  # (HTTP/1.1) or until close (HTTP/1.0), streaming bodies through a Stream,
+  # and partial hijack (a rack.hijack response header).
+  class ResponseWriter
+    HIJACK = "rack.hijack"
+    CONTENT_LENGTH = "content-length"
+
+    def write(request, env, status, headers, body)
+      headers ||= {}
+      if (hijacker = headers[HIJACK])
+        partial_hijack(request, env, status, headers, hijacker)
+      elsif body.is_a?(Array)
+        write_array(request, status, headers, body)
+      elsif body.respond_to?(:to_path) && (path = sendable(body, headers))
+        write_file(request, status, headers, path)
+      elsif body.respond_to?(:each)
+        request.write_head(status, headers, nil) && body.each { |chunk| request.write(chunk) }
+      elsif body.respond_to?(:call)
+        write_stream(request, env, status, headers, body)
+      else
+        raise BadResponse, "response body responds to neither each nor call"
+      end
+    end
+
+    private
+
+    def write_array(request, status, headers, body)
+      length = 0
+      body.each { |chunk| length += chunk.bytesize }
+      return unless request.write_head(status, headers, length)
+
+      body.each { |chunk| request.write(chunk) }
+    end
+
+    # The file may be sent with sendfile when it is a regular file and the
+    # application did not declare a different length (a Range response).
+    def sendable(body, headers)
+      path = body.to_path
+      return nil unless path.is_a?(String) && File.file?(path)
+
+      declared = headers[CONTENT_LENGTH]
+      return nil if declared && declared.to_s != File.size(path).to_s
+
+      path
+    end
+
+    def write_file(request, status, headers, path)
+      File.open(path, "rb") do |file|
+        size = file.size
+        request.sendfile(file.fileno, 0, size) if request.write_head(status, headers, size)
+      end
+    end
+
+    def write_stream(request, env, status, headers, body)
+      request.write_head(status, headers, nil)
+      stream = Stream.new(request, env["rack.input"])
+      body.call(stream)
+    end
+
+    def partial_hijack(request, env, status, headers, hijacker)
+      headers = headers.reject { |k, _| k == HIJACK }
+      request.write_head(status, headers, nil, true)
+      io = Hijack.socket_for(request.hijack)
+      env["rack.hijack_io"] = io
+      hijacker.call(io)
+    end
+  end
+end

@@ -1,0 +1,111 @@
+# frozen_string_literal: true
+
+require "socket"
+require "serval/version"
+require "serval/errors"
+require "serval/serval_ext"
+require "serval/thread_pool"
+require "serval/request_handler"
+require "serval/error_responder"
+
+module Serval
+  # One serving process: the native I/O core plus the Ruby thread pool.
+  # Create it after fork; #run starts the core's event-loop thread.
+  class Server
+    CORE_KEYS = %i[max_request_line max_head max_headers max_body body_spill max_chunk_ext
+                   first_data_timeout read_timeout persistent_timeout write_timeout
+                   max_connections output_buffer max_keepalive_requests tmpdir].freeze
+
+    attr_reader :thread_pool, :options
+
+    def initialize(app, options, log_writer:)
+      @app = app
+      @options = options
+      @log_writer = log_writer
+      @core = Native::Core.new(options.slice(*CORE_KEYS))
+      @handler = RequestHandler.new(app, options, log_writer)
+      @thread_pool = ThreadPool.new(@core, min: options[:min_threads], max: options[:max_threads],
+                                           idle_timeout: options[:thread_idle_timeout],
+                                           log_writer: log_writer) { |req| @handler.call(req) }
+      @listeners = []
+      @state = :new
+      @mutex = Mutex.new
+      @stopped = ConditionVariable.new
+    end
+
+    def listen(io)
+      name, port = listener_address(io)
+      @core.listen(io.fileno, name, port)
+      @listeners << io
+      io
+    end
+
+    def run
+      @core.start
+      @thread_pool.start
+      @state = :running
+      self
+    end
+
+    # Graceful: stop accepting, finish queued and in-flight requests within
+    # timeout seconds, finish writing responses, then close everything.
+    def stop(timeout = @options[:drain_timeout])
+      deadline = now + timeout.to_f
+      @core.drain
+      @thread_pool.stop
+      stragglers = @thread_pool.join(deadline)
+      @core.shutdown([deadline - now, 0].max)
+      unless stragglers.empty?
+        @log_writer.error("serval: #{stragglers.size} request(s) still running after #{timeout}s, stopping them")
+        @thread_pool.kill
+      end
+      mark_stopped
+    end
+
+    # Fast stop: close every connection now.
+    def halt
+      @core.drain
+      @thread_pool.stop
+      @core.shutdown(0)
+      @thread_pool.kill unless @thread_pool.join(now + 1).empty?
+      mark_stopped
+    end
+
+    def join
+      @mutex.synchronize { @stopped.wait(@mutex) until @state == :stopped }
+    end
+
+    def stats
+      s = @core.stats
+      pool = @thread_pool.stats
+      { backlog: s[:queued], running: pool[:running], pool_capacity: pool[:pool_capacity],
+        busy_threads: pool[:busy_threads], max_threads: pool[:max_threads], min_threads: pool[:min_threads],
+        requests_count: s[:requests], connections: s[:connections], accepted: s[:accepted],
+        rejected: s[:errors] }
+    end
+
+    private
+
+    def now
+      Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    end
+
+    def mark_stopped
+      @mutex.synchronize do
+        @state = :stopped
+        @stopped.broadcast
+      end
+    end
+
+    def listener_address(io)
+      addr = io.local_address
+      if addr.ip?
+        host = addr.ip_address
+        host = "[#{host}]" if addr.ipv6?
+        [host, addr.ip_port]
+      else
+        ["localhost", 0]
+      end
+    end
+  end
+end

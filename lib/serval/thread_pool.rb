@@ -1,0 +1,128 @@
+# frozen_string_literal: true
+
+require "serval/threads"
+
+module Serval
+  # Ruby worker threads that take complete requests from the native core.
+  #
+  # Threads wait inside Core#next without the GVL. The pool starts with
+  # max(min, 1) threads and grows by one whenever a thread takes a request and
+  # no other thread is left waiting, up to max; a thread idle for idle_timeout
+  # exits while more than min remain. #resize changes min/max at run time (the
+  # seam self-tuning uses); surplus threads leave after their current request.
+  class ThreadPool
+    attr_reader :min, :max
+
+    def initialize(core, min:, max:, idle_timeout:, log_writer:, &handler)
+      @core = core
+      @min = min
+      @max = max
+      @idle_timeout = idle_timeout
+      @log_writer = log_writer
+      @handler = handler
+      @mutex = Mutex.new
+      @threads = []
+      @serial = 0
+      @busy = 0
+      @stopping = false
+    end
+
+    def start
+      @mutex.synchronize { spawn_locked while @threads.size < floor }
+      self
+    end
+
+    def resize(min, max)
+      raise ArgumentError, "threads: min (#{min}) must be <= max (#{max})" if min > max
+      raise ArgumentError, "threads: max must be >= 1" if max < 1
+
+      @mutex.synchronize do
+        @min = min
+        @max = max
+        spawn_locked while @threads.size < floor && !@stopping
+      end
+      self
+    end
+
+    def spawned
+      @mutex.synchronize { @threads.size }
+    end
+
+    def busy
+      @busy
+    end
+
+    def stats
+      @mutex.synchronize do
+        { running: @threads.size, busy_threads: @busy, max_threads: @max, min_threads: @min,
+          pool_capacity: @max - @busy }
+      end
+    end
+
+    # Called once the core is draining or stopped: threads leave when Core#next returns nil.
+    def stop
+      @mutex.synchronize { @stopping = true }
+    end
+
+    # Waits until every thread has left or the deadline passes; returns the stragglers.
+    def join(deadline)
+      threads = @mutex.synchronize { @threads.dup }
+      threads.each do |t|
+        left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        t.join([left, 0].max)
+      end
+      threads.select(&:alive?)
+    end
+
+    def kill
+      @mutex.synchronize { @threads.dup }.each(&:kill)
+    end
+
+    private
+
+    def floor
+      [@min, 1].max
+    end
+
+    def spawn_locked
+      @serial += 1
+      thread = Threads.spawn("serval-worker-#{@serial}", @log_writer) { work }
+      @threads << thread
+    end
+
+    def work
+      loop do
+        request = @core.next(@idle_timeout)
+        if request.nil?
+          break if @stopping || leave_when_idle?
+
+          next
+        end
+        grow if @core.waiting.zero?
+        @busy += 1
+        begin
+          @handler.call(request)
+        ensure
+          @busy -= 1
+        end
+        break if surplus?
+      end
+    ensure
+      @mutex.synchronize { @threads.delete(Thread.current) }
+    end
+
+    def grow
+      @mutex.synchronize { spawn_locked if @threads.size < @max && !@stopping }
+    end
+
+    def leave_when_idle?
+      @mutex.synchronize do
+        @stopping || (@threads.size > floor && @threads.delete(Thread.current) && true)
+      end
+    end
+
+    def surplus?
+      @mutex.synchronize { @threads.size > @max && @threads.delete(Thread.current) && true }
+    end
+  end
+end
