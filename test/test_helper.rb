@@ -8,6 +8,7 @@ $LOAD_PATH.unshift(__dir__)
 require "minitest/autorun"
 require "socket"
 require "stringio"
+require "serval/version"
 require "serval/errors"
 require "serval/configuration"
 require "serval/log_writer"

@@ -3,6 +3,7 @@
 require "tmpdir"
 require "fileutils"
 require "rbconfig"
+require "socket"
 
 module Serval
   # Subprocess tier: runs a real command (exe/serval by default) in its own
@@ -26,7 +27,7 @@ module Serval
         File.write(full, body)
       end
       @command = command || [RbConfig.ruby, "-w", EXE, *args]
-      @env = { "BUNDLE_GEMFILE" => File.join(ROOT, "Gemfile"), "RUBYOPT" => "-rbundler/setup" }.merge(env)
+      @env = { "BUNDLE_GEMFILE" => File.join(ROOT, "Gemfile"), "RUBYOPT" => [ENV["RUBYOPT"], "-rbundler/setup"].compact.join(" ") }.merge(env)
       @stdout_path = File.join(@dir, "stdout.log")
       @stderr_path = File.join(@dir, "stderr.log")
       @lines = { out: [], err: [] }
@@ -75,6 +76,28 @@ module Serval
 
     def port
       @port
+    end
+
+    # A port that was free a moment ago (for commands that need a number).
+    def self.free_port
+      server = TCPServer.new("127.0.0.1", 0)
+      server.local_address.ip_port
+    ensure
+      server&.close
+    end
+
+    # For runs that print nothing (-q): polls connect every 10 ms until the
+    # port answers, the process exits, or the deadline passes.
+    def wait_port(port, host: "127.0.0.1", timeout: 15)
+      deadline = now + timeout
+      loop do
+        TCPSocket.new(host, port).close
+        return self
+      rescue SystemCallError
+        raise "port #{port} never answered (exited: #{exited?})\n#{logs}" if exited? || now > deadline
+
+        sleep 0.01
+      end
     end
 
     def exited?
