@@ -63,6 +63,7 @@ module Bench
         report["workloads"] << result
         print_table(result)
       end
+      print_summary(report)
       write_json(report)
       exit_code(report)
     ensure
@@ -92,10 +93,16 @@ module Bench
           "threads" => @ctx.threads, "connections" => @ctx.connections,
           "server_cpu" => @ctx.pin? ? @ctx.server_cpu : nil, "client_cpu" => @ctx.pin? ? @ctx.client_cpu : nil
         },
-        "machine" => { "nproc" => Util.nproc, "cpu" => Util.cpu_model, "kernel" => kernel },
+        "machine" => { "nproc" => Util.nproc, "cpu" => Util.cpu_model, "kernel" => kernel, "loadavg" => loadavg },
         "versions" => { "ruby" => RUBY_DESCRIPTION, "wrk" => Wrk.version }.merge(servers.to_h { |s| [s.name, s.version] }),
         "workloads" => []
       }
+    end
+
+    def loadavg
+      File.read("/proc/loadavg").split.first(3).join(" ")
+    rescue SystemCallError
+      "unknown"
     end
 
     def kernel
@@ -110,7 +117,7 @@ module Bench
       s = report["settings"]
       pin = s["server_cpu"] ? "server on CPU #{s['server_cpu']}, client on CPU #{s['client_cpu']}" : "not pinned"
       ["# #{report['command']}  (#{report['timestamp']})",
-       "# #{m['nproc']} x #{m['cpu']}, linux #{m['kernel']}; #{pin}",
+       "# #{m['nproc']} x #{m['cpu']}, linux #{m['kernel']}, load #{m['loadavg']}; #{pin}",
        "# #{v['ruby']}; wrk #{v['wrk']}; " + @server_names.map { |n| "#{n} #{v[n]}" }.join("; "),
        "# threads #{s['threads']}:#{s['threads']}, wrk -t1 -c#{s['connections']} -d#{s['duration_s']}s " \
        "after #{s['warmup_s']}s warm-up, #{s['rounds']} rounds alternating server order"].join("\n")
@@ -127,6 +134,19 @@ module Bench
       end
       notes.each { |n| @out.puts "#{n}  " }
       @out.flush
+    end
+
+    def print_summary(report)
+      @out.puts
+      @out.puts "## summary (serval/puma from this run)"
+      report["workloads"].each do |w|
+        check = w["check"] || {}
+        verdict = if check["target"].nil? then ""
+                  elsif check["ok"] then "  meets: #{check['target']}"
+                  else "  MISSES: #{check['target']}"
+                  end
+        @out.puts format("%-13<name>s ratio %<ratio>s%<verdict>s", name: w["name"], ratio: w["ratio"] || "n/a", verdict: verdict)
+      end
     end
 
     def write_json(report)

@@ -18,7 +18,7 @@ module Bench
       end
 
       def argv(app:, port:, threads:)
-        ["bundle", "exec", "puma", "-q", "-w", "0", "-b", "tcp://127.0.0.1:#{port}", "-t", "#{threads}:#{threads}", app]
+        ["bundle", "exec", "puma", "-q", "-e", "production", "-w", "0", "-b", "tcp://127.0.0.1:#{port}", "-t", "#{threads}:#{threads}", app]
       end
     end
   end

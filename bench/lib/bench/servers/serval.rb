@@ -27,7 +27,7 @@ module Bench
 
       def argv(app:, port:, threads:)
         ["bundle", "exec", "ruby", "-I", File.join(ctx.root, "lib"), exe,
-         "-q", "-b", "tcp://127.0.0.1:#{port}", "-t", "#{threads}:#{threads}", app]
+         "-q", "-e", "production", "-b", "tcp://127.0.0.1:#{port}", "-t", "#{threads}:#{threads}", app]
       end
     end
   end
