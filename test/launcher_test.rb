@@ -1,0 +1,61 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require "tmpdir"
+require "serval/launcher"
+
+# In-process tier: the Launcher with a real Server, driven through #stop.
+class LauncherTest < Minitest::Test
+  GET = "GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+  APP = ->(_env) { [200, { "content-type" => "text/plain" }, ["hi"]] }
+
+  def launch(**opts)
+    options = Serval::Configuration.finish(Serval::Configuration::DEFAULTS.merge(binds: ["tcp://127.0.0.1:0"], **opts))
+    @out = StringIO.new
+    log_writer = Serval::LogWriter.new(stdout: @out, stderr: StringIO.new)
+    launcher = Serval::Launcher.new(options, log_writer: log_writer, app: APP, signals: false)
+    thread = Thread.new { launcher.run }
+    assert launcher.wait_until_booted(10), "launcher did not boot: #{@out.string}"
+    [launcher, thread]
+  end
+
+  def test_boot_serve_and_graceful_stop
+    launcher, thread = launch(drain_timeout: 5.0)
+    port = launcher.urls.first[/:(\d+)\z/, 1].to_i
+    assert_match(%r{\AHTTP/1\.1 200 .*hi\z}m, raw_request(port, GET))
+    launcher.stop
+    assert_equal 0, thread.value
+    assert_includes @out.string, "* Listening on http://127.0.0.1:#{port}\n"
+    assert @out.string.end_with?("- Goodbye!\n"), @out.string
+    refute launcher.booted?
+  end
+
+  def test_fast_stop_and_pidfile
+    Dir.mktmpdir do |dir|
+      pidfile = File.join(dir, "pids", "serval.pid")
+      launcher, thread = launch(pidfile: pidfile)
+      assert_equal "#{Process.pid}\n", File.read(pidfile)
+      launcher.stop(graceful: false)
+      assert_equal 0, thread.value
+      refute File.exist?(pidfile)
+    end
+  end
+
+  def test_boot_failure_is_reported_to_waiters
+    taken = TCPServer.new("127.0.0.1", 0)
+    options = Serval::Configuration.finish(Serval::Configuration::DEFAULTS.merge(binds: ["tcp://127.0.0.1:#{taken.local_address.ip_port}"]))
+    launcher = Serval::Launcher.new(options, log_writer: Serval::LogWriter.new(stdout: StringIO.new), app: APP, signals: false)
+    thread = Thread.new { launcher.run }
+    thread.report_on_exception = false
+    refute launcher.wait_until_booted(10)
+    assert_raises(Serval::ConfigError) { thread.value }
+  ensure
+    taken&.close
+  end
+
+  def test_with_server_helper
+    with_server(APP) do |_server, port|
+      assert_match(%r{\AHTTP/1\.1 200 }, raw_request(port, GET))
+    end
+  end
+end
