@@ -45,8 +45,10 @@ class LauncherTest < Minitest::Test
     taken = TCPServer.new("127.0.0.1", 0)
     options = Serval::Configuration.finish(Serval::Configuration::DEFAULTS.merge(binds: ["tcp://127.0.0.1:#{taken.local_address.ip_port}"]))
     launcher = Serval::Launcher.new(options, log_writer: Serval::LogWriter.new(stdout: StringIO.new), app: APP, signals: false)
-    thread = Thread.new { launcher.run }
-    thread.report_on_exception = false
+    thread = Thread.new do
+      Thread.current.report_on_exception = false
+      launcher.run
+    end
     refute launcher.wait_until_booted(10)
     assert_raises(Serval::ConfigError) { thread.value }
   ensure
