@@ -75,6 +75,32 @@ class CLITest < Minitest::Test
     refute_match(/warning/i, server.stderr)
   end
 
+  # The app blocks on a FIFO until the test opens it, so the request is
+  # provably in flight when TERM arrives; it must still get its response.
+  GATED_APP = <<~RUBY
+    run lambda { |_env|
+      $stdout.puts "in app"
+      $stdout.flush
+      body = File.read("gate")
+      [200, { "content-type" => "text/plain" }, [body]]
+    }
+  RUBY
+
+  def test_term_drains_in_flight_request
+    server = spawn_server(["-b", "tcp://127.0.0.1:0", "-t", "1:1"], files: { "config.ru" => GATED_APP })
+    File.mkfifo(File.join(server.dir, "gate"))
+    server.boot
+    response = Thread.new { raw_request(server.port, GET, read_timeout: 15) }
+    server.wait_for(/^in app$/)
+    server.signal("TERM")
+    server.wait_for(/Gracefully stopping/)
+    File.write(File.join(server.dir, "gate"), "drained\n")
+    assert_match(%r{\AHTTP/1\.1 200 .*drained\n\z}m, response.value)
+    status = server.wait(10) or flunk("no exit after drain\n#{server.logs}")
+    assert_equal 0, status.exitstatus
+    assert_includes server.stdout, "- Goodbye!\n"
+  end
+
   def test_int_is_fast_stop
     server = spawn_server(["-b", "tcp://127.0.0.1:0"]).boot
     server.signal("INT")
