@@ -145,7 +145,7 @@ module Bench
                   elsif check["ok"] then "  meets: #{check['target']}"
                   else "  MISSES: #{check['target']}"
                   end
-        @out.puts format("%-13<name>s ratio %<ratio>s%<verdict>s", name: w["name"], ratio: w["ratio"] || "n/a", verdict: verdict)
+        @out.puts format("%-13<name>s ratio %<ratio>s%<verdict>s", name: w["name"], ratio: w["ratio_text"] || w["ratio"] || "n/a", verdict: verdict)
       end
     end
 

@@ -131,6 +131,7 @@ module Bench
         {
           "name" => name, "description" => description, "servers" => results,
           "ratio" => ratio(results, "ok_prompt"),
+          "ratio_text" => results.map { |n, r| "#{n} #{r['ok_prompt']}/#{r['probes']}" }.join(" vs ") + " within #{prompt}s",
           "check" => { "target" => "serval: every probe gets 200 within #{prompt}s",
                        "ok" => s && s["ok_prompt"] == s["probes"] }
         }
