@@ -102,19 +102,26 @@ static VALUE bin(const char *p, size_t n)
     return rb_str_new(p ? p : "", (long)n);
 }
 
-static void add_header(VALUE env, const sv_header *h)
+static void add_header(VALUE env, const sv_request *r, const sv_header *h)
 {
     /* A name with '_' would alias a '-' name in the env (HTTP_X_FOO): dropped. */
     if (memchr(h->name, '_', h->name_len))
         return;
     VALUE key = header_key(h->name, h->name_len);
+    if (key == k_clen) {
+        /* the parser accepts "5, 5", "005" or repeated identical fields; the
+         * app gets the one decimal value it validated */
+        if (r->content_length >= 0)
+            rb_hash_aset(env, k_clen, rb_sprintf("%lld", (long long)r->content_length));
+        return;
+    }
     VALUE prev = rb_hash_lookup2(env, key, Qundef);
     if (prev == Qundef) {
         rb_hash_aset(env, key, bin(h->value, h->value_len));
         return;
     }
-    if (key == k_clen || key == k_ctype)
-        return; /* identical duplicate Content-Length was accepted by the parser */
+    if (key == k_ctype)
+        return;
     rb_str_cat(prev, key == k_cookie ? "; " : ", ", 2);
     rb_str_cat(prev, h->value, (long)h->value_len);
 }
@@ -158,6 +165,6 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl)
     rb_hash_aset(env, k_remote, rb_str_new_cstr(c->remote));
     add_server_name(env, c);
     for (size_t i = 0; i < r->num_headers; i++)
-        add_header(env, &r->headers[i]);
+        add_header(env, r, &r->headers[i]);
     return env;
 }
