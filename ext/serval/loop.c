@@ -452,16 +452,32 @@ static void read_head(sv_conn *c)
     sv_loop_process_input(c);
 }
 
+/* c->req points into c->in.data; once the buffer has moved, parse the head
+ * again in its new place (same bytes, same result, no stale pointers). */
+static int reparse_head(sv_conn *c)
+{
+    size_t head = c->req->head_len;
+    int r = sv_parse_head(c->req, &c->core->opt.lim, c->in.data, head, NULL);
+    if (r != (int)head) {
+        error_response(c, 500, "cannot re-parse request head");
+        return -1;
+    }
+    return 0;
+}
+
 static void read_body(sv_conn *c)
 {
     sv_options *o = &c->core->opt;
     size_t head = c->req->head_len;
+    size_t old_cap = c->in.cap;
     if (sv_buf_reserve(&c->in, SV_BODY_WINDOW / 4, head + SV_BODY_WINDOW) != 0) {
         if (c->in.cap <= c->in.len) {
             error_response(c, 400, "chunk framing too large");
             return;
         }
     }
+    if (c->in.cap != old_cap && reparse_head(c) != 0)
+        return;
     size_t room = c->in.cap - c->in.len;
     if (!c->req->chunked) {
         uint64_t left = (uint64_t)c->req->content_length - c->body_total;
