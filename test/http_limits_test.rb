@@ -1,0 +1,387 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "support/raw_http"
+
+# Size limits, timeouts, body spilling and the connection cap, configured
+# small through with_server options and driven over raw sockets.
+class HTTPLimitsTest < Minitest::Test
+  include Serval::TestHelpers::RawHTTP
+
+  H = "Host: example.test\r\n"
+
+  def now
+    Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  end
+
+  def with_limits_server(app: nil, **opts, &block)
+    @calls = Queue.new
+    with_server(app || recording_app(@calls), min_threads: 1, max_threads: 1, **opts, &block)
+  end
+
+  # status line, connection: close, EOF, app not called, fresh request served
+  def assert_answered_and_closed(client, port, status_line, prior: [])
+    resp = client.read_response
+    assert_equal status_line, resp.status_line
+    assert_equal "close", resp["connection"]
+    assert_equal :eof, client.wait_close
+    client.close
+    assert_serves_fresh_request(port, @calls, prior: prior)
+    resp
+  end
+
+  def chunked(body, sizes)
+    out = +"".b
+    rest = body.b
+    until rest.empty?
+      n = [sizes.call, rest.bytesize].min
+      out << n.to_s(16) << "\r\n" << rest.slice!(0, n) << "\r\n"
+    end
+    out << "0\r\n\r\n"
+  end
+
+  # ---- 414 ---------------------------------------------------------------
+
+  def test_414_request_line_over_max_request_line
+    with_limits_server(max_request_line: 128) do |_server, port|
+      target = "/#{'a' * 200}"
+      client = Client.new(port).write("GET #{target} HTTP/1.1\r\n#{H}\r\n")
+      assert_answered_and_closed(client, port, "HTTP/1.1 414 URI Too Long")
+    end
+  end
+
+  def test_414_sent_before_the_request_line_ends
+    with_limits_server(max_request_line: 128) do |_server, port|
+      client = Client.new(port).write("GET /#{'a' * 300}") # no CRLF yet
+      assert_answered_and_closed(client, port, "HTTP/1.1 414 URI Too Long")
+    end
+  end
+
+  def test_request_line_at_the_limit_is_served
+    with_limits_server(max_request_line: 128) do |_server, port|
+      line = "GET /#{'a' * (128 - 'GET / HTTP/1.1'.bytesize)} HTTP/1.1"
+      assert_equal 128, line.bytesize
+      client = Client.new(port).write("#{line}\r\n#{H}\r\n")
+      assert_equal "HTTP/1.1 200 OK", client.read_response.status_line
+      client.close
+      assert_equal 1, drain_queue(@calls).size
+    end
+  end
+
+  # ---- 431 ---------------------------------------------------------------
+
+  def test_431_head_over_max_head
+    with_limits_server(max_head: 512) do |_server, port|
+      client = Client.new(port).write("GET / HTTP/1.1\r\n#{H}X-Big: #{'b' * 1000}\r\n\r\n")
+      assert_answered_and_closed(client, port, "HTTP/1.1 431 Request Header Fields Too Large")
+    end
+  end
+
+  def test_431_for_an_incomplete_head_over_max_head
+    with_limits_server(max_head: 512) do |_server, port|
+      client = Client.new(port).write("GET / HTTP/1.1\r\n#{H}#{"X-Pad: #{'p' * 50}\r\n" * 12}") # no blank line
+      assert_answered_and_closed(client, port, "HTTP/1.1 431 Request Header Fields Too Large")
+    end
+  end
+
+  def test_head_just_under_max_head_is_served
+    with_limits_server(max_head: 512) do |_server, port|
+      prefix = "GET / HTTP/1.1\r\n#{H}X-Big: "
+      head = "#{prefix}#{'b' * (512 - prefix.bytesize - 4)}\r\n\r\n"
+      assert_equal 512, head.bytesize
+      client = Client.new(port).write(head)
+      assert_equal "HTTP/1.1 200 OK", client.read_response.status_line
+      client.close
+      assert_equal 1, drain_queue(@calls).size
+    end
+  end
+
+  def test_431_too_many_header_fields
+    with_limits_server(max_headers: 4) do |_server, port|
+      client = Client.new(port).write("GET / HTTP/1.1\r\n#{H}#{(1..4).map { |i| "X-H#{i}: #{i}\r\n" }.join}\r\n")
+      assert_answered_and_closed(client, port, "HTTP/1.1 431 Request Header Fields Too Large")
+    end
+  end
+
+  def test_max_headers_fields_are_accepted
+    with_limits_server(max_headers: 4) do |_server, port|
+      client = Client.new(port).write("GET / HTTP/1.1\r\n#{H}#{(1..3).map { |i| "X-H#{i}: #{i}\r\n" }.join}\r\n")
+      assert_equal "HTTP/1.1 200 OK", client.read_response.status_line
+      client.close
+      assert_equal 1, drain_queue(@calls).size
+    end
+  end
+
+  def test_431_while_the_client_keeps_sending_an_endless_head
+    with_limits_server(max_head: 1024) do |_server, port|
+      client = Client.new(port)
+      stop = Queue.new
+      writer = Thread.new do
+        client.write("GET / HTTP/1.1\r\n#{H}")
+        line = "X-Pad: #{'p' * 1000}\r\n"
+        sent = 0
+        # 32 MiB: far more than the socket buffers, so the server must answer
+        # while the head is still arriving rather than buffer it all
+        while stop.empty? && sent < (32 << 20)
+          client.socket.write(line)
+          sent += line.bytesize
+        end
+        sent
+      rescue Errno::EPIPE, Errno::ECONNRESET, IOError
+        sent
+      end
+      resp = client.read_response
+      stop << true
+      assert_equal "HTTP/1.1 431 Request Header Fields Too Large", resp.status_line
+      assert_equal "close", resp["connection"]
+      assert_operator writer.value, :<, 32 << 20, "the answer came only after the client gave up"
+      assert_equal :eof, client.wait_close
+      client.close
+      assert_serves_fresh_request(port, @calls)
+    end
+  end
+
+  # ---- 413 ---------------------------------------------------------------
+
+  def test_413_content_length_over_max_body_answered_before_the_body
+    with_limits_server(max_body: 100) do |_server, port|
+      client = Client.new(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 101\r\n\r\n") # no body sent
+      assert_answered_and_closed(client, port, "HTTP/1.1 413 Content Too Large")
+    end
+  end
+
+  def test_413_with_expect_continue_sends_no_100
+    with_limits_server(max_body: 100) do |_server, port|
+      client = Client.new(port)
+      client.write("POST / HTTP/1.1\r\n#{H}Expect: 100-continue\r\nContent-Length: 1000\r\n\r\n")
+      resp = assert_answered_and_closed(client, port, "HTTP/1.1 413 Content Too Large")
+      refute_match(/100 Continue/, resp.raw)
+    end
+  end
+
+  def test_body_of_exactly_max_body_is_served
+    with_limits_server(max_body: 100) do |_server, port|
+      body = "x" * 100
+      client = Client.new(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 100\r\n\r\n#{body}")
+      resp = client.read_response
+      assert_equal "HTTP/1.1 200 OK", resp.status_line
+      assert_equal "ok / 100 #{Digest::SHA256.hexdigest(body)}", resp.body
+      client.close
+    end
+  end
+
+  def test_413_chunked_body_growing_over_max_body
+    with_limits_server(max_body: 100) do |_server, port|
+      client = Client.new(port)
+      client.write("POST / HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n3c\r\n#{'a' * 60}\r\n")
+      assert client.silent_for?(0.2), "60 bytes are within max_body; no answer yet"
+      client.write("3c\r\n#{'b' * 60}\r\n0\r\n\r\n")
+      assert_answered_and_closed(client, port, "HTTP/1.1 413 Content Too Large")
+    end
+  end
+
+  def test_413_single_huge_chunk_answered_before_it_is_all_sent
+    with_limits_server(max_body: 100) do |_server, port|
+      client = Client.new(port)
+      client.write("POST / HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n100000\r\n#{'c' * 150}")
+      assert_answered_and_closed(client, port, "HTTP/1.1 413 Content Too Large")
+    end
+  end
+
+  def test_chunked_body_of_exactly_max_body_is_served
+    with_limits_server(max_body: 100) do |_server, port|
+      body = "d" * 100
+      client = Client.new(port)
+      client.write("POST / HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n#{chunked(body, -> { 30 })}")
+      resp = client.read_response
+      assert_equal "HTTP/1.1 200 OK", resp.status_line
+      assert_equal "ok / 100 #{Digest::SHA256.hexdigest(body)}", resp.body
+      client.close
+    end
+  end
+
+  # ---- 408 and idle timeouts ----------------------------------------------
+
+  def test_408_stalled_partial_head
+    with_limits_server(read_timeout: 0.3) do |_server, port|
+      client = Client.new(port).write("GET / HTTP/1.1\r\n#{H}") # head never finished
+      started = now
+      assert_answered_and_closed(client, port, "HTTP/1.1 408 Request Timeout")
+      assert_operator now - started, :>=, 0.25
+    end
+  end
+
+  def test_408_stalled_content_length_body
+    with_limits_server(read_timeout: 0.3) do |_server, port|
+      client = Client.new(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 10\r\n\r\nabc")
+      assert_answered_and_closed(client, port, "HTTP/1.1 408 Request Timeout")
+    end
+  end
+
+  def test_408_stalled_chunked_body
+    with_limits_server(read_timeout: 0.3) do |_server, port|
+      client = Client.new(port).write("POST / HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n5\r\nab")
+      assert_answered_and_closed(client, port, "HTTP/1.1 408 Request Timeout")
+    end
+  end
+
+  def test_slow_but_steady_body_is_not_timed_out
+    with_limits_server(read_timeout: 0.3) do |_server, port|
+      client = Client.new(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 6\r\n\r\n")
+      # each byte arrives within read_timeout of the previous one; the total
+      # takes longer than read_timeout
+      6.times do |i|
+        assert client.silent_for?(0.1), "no answer (408) while bytes keep arriving"
+        client.write(i.to_s)
+      end
+      resp = client.read_response
+      assert_equal "HTTP/1.1 200 OK", resp.status_line
+      assert_equal "ok / 6 #{Digest::SHA256.hexdigest('012345')}", resp.body
+      client.close
+    end
+  end
+
+  def test_connection_without_data_closed_silently_after_first_data_timeout
+    with_limits_server(first_data_timeout: 0.3) do |_server, port|
+      client = Client.new(port)
+      started = now
+      assert_equal :eof, client.wait_close
+      assert_operator now - started, :>=, 0.25
+      assert_empty client.buffer, "nothing is answered to a connection that never spoke"
+      client.close
+      assert_serves_fresh_request(port, @calls)
+    end
+  end
+
+  def test_idle_keepalive_connection_closed_silently_after_persistent_timeout
+    with_limits_server(persistent_timeout: 0.3) do |_server, port|
+      client = Client.new(port).write(good_request("/one"))
+      resp = client.read_response
+      assert_equal "HTTP/1.1 200 OK", resp.status_line
+      assert_nil resp["connection"], "kept alive"
+      started = now
+      assert_equal :eof, client.wait_close
+      assert_operator now - started, :>=, 0.25
+      assert_empty client.buffer
+      client.close
+      assert_serves_fresh_request(port, @calls, prior: [["GET", "/one"]])
+    end
+  end
+
+  # ---- body spill ---------------------------------------------------------
+
+  def test_body_over_body_spill_arrives_intact
+    with_limits_server(body_spill: 1024) do |_server, port|
+      body = Random.new(1).bytes(200_000)
+      client = Client.new(port).write("POST /up HTTP/1.1\r\n#{H}Content-Length: #{body.bytesize}\r\n\r\n")
+      client.write(body)
+      resp = client.read_response
+      assert_equal "HTTP/1.1 200 OK", resp.status_line
+      assert_equal "ok /up 200000 #{Digest::SHA256.hexdigest(body)}", resp.body
+      client.close
+    end
+  end
+
+  def inspecting_app(seen)
+    lambda do |env|
+      input = env["rack.input"]
+      data = input.read
+      info = { class: input.class, size: data.bytesize, digest: Digest::SHA256.hexdigest(data) }
+      if input.is_a?(File)
+        info[:nlink] = input.stat.nlink
+        info[:link] = File.readlink("/proc/self/fd/#{input.fileno}")
+      end
+      seen << info
+      [200, { "content-type" => "text/plain" }, ["ok"]]
+    end
+  end
+
+  def post_body(port, body)
+    client = Client.new(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: #{body.bytesize}\r\n\r\n#{body}")
+    assert_equal "HTTP/1.1 200 OK", client.read_response.status_line
+    client.close
+  end
+
+  def test_spilled_body_is_an_unlinked_temp_file
+    seen = Queue.new
+    with_limits_server(app: inspecting_app(seen), lint: false, body_spill: 1024) do |_server, port|
+      body = Random.new(2).bytes(50_000)
+      post_body(port, body)
+      info = seen.pop
+      assert_equal File, info[:class]
+      assert_equal 50_000, info[:size]
+      assert_equal Digest::SHA256.hexdigest(body), info[:digest]
+      assert_equal 0, info[:nlink], "spill file must be unlinked (#{info[:link]})"
+      assert_match(/\(deleted\)\z/, info[:link])
+    end
+  end
+
+  def test_body_spill_threshold_is_exact
+    seen = Queue.new
+    with_limits_server(app: inspecting_app(seen), lint: false, body_spill: 1024) do |_server, port|
+      post_body(port, "a" * 1024)
+      assert_equal StringIO, seen.pop[:class], "a body of body_spill bytes stays in memory"
+      # sent in two writes so the loop reads it in parts, not in place
+      client = Client.new(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 1025\r\n\r\n")
+      assert client.silent_for?(0.05)
+      client.write("a" * 1025)
+      assert_equal "HTTP/1.1 200 OK", client.read_response.status_line
+      client.close
+      info = seen.pop
+      assert_equal File, info[:class], "a body over body_spill is spilled"
+      assert_equal 1025, info[:size]
+    end
+  end
+
+  def test_chunked_upload_with_random_chunk_sizes_spills_and_arrives_intact
+    with_limits_server(body_spill: 4096) do |_server, port|
+      rng = Random.new(3)
+      body = rng.bytes(300_000)
+      wire = chunked(body, -> { rng.rand(1..20_000) })
+      client = Client.new(port).write("POST /chunks HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n")
+      until wire.empty?
+        client.write(wire.slice!(0, rng.rand(1..9000)))
+      end
+      resp = client.read_response
+      assert_equal "HTTP/1.1 200 OK", resp.status_line
+      assert_equal "ok /chunks 300000 #{Digest::SHA256.hexdigest(body)}", resp.body
+      client.close
+    end
+  end
+
+  def test_chunked_upload_written_byte_by_byte
+    with_limits_server do |_server, port|
+      body = "The quick brown fox\r\njumps over 0\r\n\r\n the lazy dog"
+      wire = "POST /bytes HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n" \
+             "#{chunked(body, [3, 1, 7, 20, 2, 100].cycle.method(:next))}"
+      client = Client.new(port)
+      wire.each_char { |ch| client.write(ch) }
+      resp = client.read_response
+      assert_equal "HTTP/1.1 200 OK", resp.status_line
+      assert_equal "ok /bytes #{body.bytesize} #{Digest::SHA256.hexdigest(body)}", resp.body
+      client.close
+    end
+  end
+
+  # ---- max_connections ----------------------------------------------------
+
+  def test_max_connections_holds_back_a_third_client_until_one_closes
+    with_limits_server(max_connections: 2, max_threads: 2) do |server, port|
+      first = Client.new(port).write(good_request("/c1"))
+      second = Client.new(port).write(good_request("/c2"))
+      assert_equal "HTTP/1.1 200 OK", first.read_response.status_line
+      assert_equal "HTTP/1.1 200 OK", second.read_response.status_line
+      third = Client.new(port).write(good_request("/c3")) # the kernel completes the handshake
+      assert third.silent_for?(0.5), "a third connection must wait while two are open"
+      assert_equal 2, server.stats[:accepted]
+      assert_equal [%w[GET /c1], %w[GET /c2]], drain_queue(@calls).map { |m, p, _| [m, p] }.sort
+      first.close
+      resp = third.read_response
+      assert_equal "HTTP/1.1 200 OK", resp.status_line
+      assert_match(%r{\Aok /c3 }, resp.body)
+      assert_equal 3, server.stats[:accepted]
+      second.close
+      third.close
+    end
+  end
+end
