@@ -17,6 +17,8 @@ module Serval
         partial_hijack(request, env, status, headers, hijacker)
       elsif body.is_a?(Array)
         write_array(request, status, headers, body)
+      elsif body.respond_to?(:to_ary) && (array = body.to_ary).is_a?(Array)
+        write_array(request, status, headers, array) # e.g. Rack::Lint's or BodyProxy's wrapper of an Array
       elsif body.respond_to?(:to_path) && (path = sendable(body, headers))
         write_file(request, status, headers, path)
       elsif body.respond_to?(:each)
