@@ -40,6 +40,9 @@ module Serval
         @min = min
         @max = max
         spawn_locked while @threads.size < floor && !@stopping
+        # Requests may be queued behind busy threads: one more thread takes
+        # one, and grows the pool further from there as usual.
+        spawn_locked if @core.waiting.zero? && @threads.size < @max && !@stopping
       end
       self
     end
@@ -74,8 +77,12 @@ module Serval
       threads.select(&:alive?)
     end
 
-    def kill
-      @mutex.synchronize { @threads.dup }.each(&:kill)
+    # Kills the threads still running and waits briefly for their ensure
+    # blocks, which close the connections of the requests they held.
+    def kill(wait = 1)
+      threads = @mutex.synchronize { @threads.dup }
+      threads.each(&:kill)
+      threads.each { |t| t.join(wait) }
     end
 
     private
