@@ -54,6 +54,10 @@ module Serval
       log_access(env, status, started) if @log_requests
       run_callbacks(env, status, headers, error, finished, after)
     ensure
+      # Normally a no-op (finished or hijacked). When the thread was killed
+      # (a stop timeout) or anything above raised, the connection is closed
+      # instead of staying open with no one left to answer it.
+      request.abort
       input.close if input.is_a?(File)
     end
 
