@@ -602,6 +602,12 @@ static void test_chunked(void)
     CHUNK_ERR("5;a=\"x\x01\"\r\nhello\r\n0\r\n\r\n", 400);
     CHUNK_ERR("5;a=(b)\r\nhello\r\n0\r\n\r\n", 400);
     CHUNK_ERR("5;a=\"b\"c\r\nhello\r\n0\r\n\r\n", 400);
+    CHUNK_ERR("5 x\r\nhello\r\n0\r\n\r\n", 400);       /* only ';' may follow BWS */
+    CHUNK_ERR("5;a x\r\nhello\r\n0\r\n\r\n", 400);
+    CHUNK_ERR("5;\"a\"\r\nhello\r\n0\r\n\r\n", 400);   /* name must be a token */
+    CHUNK_ERR("5;a=\"b\"\x01\r\nhello\r\n0\r\n\r\n", 400);
+    CHUNK_ERR("5;a=\"\\\x01\"\r\nhello\r\n0\r\n\r\n", 400); /* bad quoted-pair */
+    CHUNK_OK("5\t;\ta\t=\t\"\\\\\"\t;b\r\nhello\r\n0\r\n\r\n", "hello");
     /* extension length limit (64 in these tests; counts bytes after the size) */
     CHUNK_OK("5;aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\nhello\r\n0\r\n\r\n", "hello");
     CHUNK_ERR("5;aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\nhello\r\n0\r\n\r\n", 400);
@@ -613,6 +619,8 @@ static void test_chunked(void)
     CHUNK_ERR("0\r\nNoColon\r\n\r\n", 400);
     CHUNK_ERR("0\r\n\n", 400);
     CHUNK_ERR("0\r\n\rX", 400);
+    CHUNK_ERR("0\r\nX: 1\rY\r\n\r\n", 400);
+    CHUNK_ERR("0\r\nX\x80: 1\r\n\r\n", 400);
     {
         /* trailer byte limit: 10 bytes of trailer fields allowed */
         const char ok[] = "0\r\nAbc: 12\r\n\r\n"; /* "Abc: 12\r\n" = 9 */
