@@ -128,6 +128,7 @@ void sv_conn_give_to_loop_dead(sv_conn *c)
     c->next = core->dead;
     core->dead = c;
     pthread_mutex_unlock(&core->mu);
+    sv_core_wake(core); /* free it now: it holds a max_connections slot */
 }
 
 /* Ruby side: publish the connection to the loop in a given state. The store and
