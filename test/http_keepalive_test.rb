@@ -252,4 +252,31 @@ class HTTPKeepaliveTest < Minitest::Test
       client.close
     end
   end
+
+  def test_two_hundred_pipelined_requests_in_one_write
+    with_ka_server do |server, port|
+      client = Client.new(port)
+      wire = (1..200).map { |i| i.even? ? post("/m#{i}", "b#{i}") : good_request("/m#{i}") }.join
+      client.write(wire)
+      (1..200).each do |i|
+        assert_ok(client.read_response, "/m#{i}", i.even? ? "b#{i}" : "")
+      end
+      assert client.silent_for?(0.1)
+      assert_equal 200, paths.size
+      assert_equal 1, server.stats[:accepted]
+      client.close
+    end
+  end
+
+  def test_http10_post_with_keep_alive
+    with_ka_server do |_server, port|
+      client = Client.new(port)
+      client.write("POST /k HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 3\r\n\r\nabc" \
+                   "GET /k2 HTTP/1.0\r\n\r\n")
+      assert_ok(client.read_response, "/k", "abc")
+      assert_ok(client.read_response, "/k2")
+      assert_equal :eof, client.wait_close
+      client.close
+    end
+  end
 end

@@ -384,4 +384,56 @@ class HTTPLimitsTest < Minitest::Test
       third.close
     end
   end
+
+  def test_431_chunked_trailer_section_over_max_head
+    with_limits_server(max_head: 512) do |_server, port|
+      client = Client.new(port)
+      client.write("POST / HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n" \
+                   "X-Trailer: #{'t' * 1000}\r\n\r\n")
+      assert_answered_and_closed(client, port, "HTTP/1.1 431 Request Header Fields Too Large")
+    end
+  end
+
+  def test_write_timeout_gives_up_on_a_client_that_does_not_read
+    finished = Queue.new
+    size = 32 << 20
+    app = lambda do |env|
+      env["rack.response_finished"] << ->(_env, _status, _headers, error) { finished << error }
+      [200, { "content-type" => "application/octet-stream", "content-length" => size.to_s },
+       Array.new(size / 65_536) { "z" * 65_536 }]
+    end
+    with_limits_server(app: app, write_timeout: 0.3, output_buffer: 65_536, max_threads: 2) do |_server, port|
+      client = Client.new(port)
+      client.write(good_request("/huge"))
+      error = finished.pop # the client reads nothing meanwhile
+      assert_kind_of Serval::WriteTimeout, error
+      got = 0
+      begin
+        while (chunk = client.socket.readpartial(1 << 20))
+          got += chunk.bytesize
+        end
+      rescue EOFError, Errno::ECONNRESET
+        nil
+      end
+      assert_operator got, :<, size, "the connection was cut, not completed"
+      client.close
+      fresh = Client.new(port).write(good_request("/after"))
+      assert_equal "HTTP/1.1 200 OK", fresh.read_response.status_line
+      fresh.close
+    end
+  end
+
+  def test_max_connections_slot_freed_when_the_server_closes_after_a_response
+    with_limits_server(max_connections: 1) do |_server, port|
+      3.times do |i|
+        client = Client.new(port).write("GET /close#{i} HTTP/1.1\r\n#{H}Connection: close\r\n\r\n")
+        resp = client.read_response
+        assert_equal "HTTP/1.1 200 OK", resp.status_line
+        assert_equal "close", resp["connection"]
+        assert_equal :eof, client.wait_close
+        client.close
+      end
+      assert_equal [%w[GET /close0], %w[GET /close1], %w[GET /close2]], drain_queue(@calls).map { |m, p, _| [m, p] }
+    end
+  end
 end
