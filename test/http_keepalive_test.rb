@@ -279,4 +279,31 @@ class HTTPKeepaliveTest < Minitest::Test
       client.close
     end
   end
+
+  def test_stalled_second_request_on_a_keepalive_connection_gets_408
+    with_ka_server(read_timeout: 0.3, persistent_timeout: 10) do |_server, port|
+      client = Client.new(port)
+      client.write(good_request("/ok"))
+      assert_ok(client.read_response, "/ok")
+      client.write("GET /stalled HTTP/1.1\r\n#{H}") # never finished
+      resp = client.read_response
+      assert_equal "HTTP/1.1 408 Request Timeout", resp.status_line
+      assert_equal "close", resp["connection"]
+      assert_equal :eof, client.wait_close
+      client.close
+      assert_serves_fresh_request(port, @calls, prior: [%w[GET /ok]])
+    end
+  end
+
+  def test_case_insensitive_framing_headers_on_a_kept_alive_connection
+    with_ka_server do |_server, port|
+      client = Client.new(port)
+      client.write("POST /ci HTTP/1.1\r\nhOsT: example.test\r\ntransfer-encoding: CHUNKED\r\n\r\n" \
+                   "3\r\nabc\r\n0\r\n\r\n" \
+                   "POST /ci2 HTTP/1.1\r\n#{H}content-LENGTH: 2\r\n\r\nde")
+      assert_ok(client.read_response, "/ci", "abc")
+      assert_ok(client.read_response, "/ci2", "de")
+      client.close
+    end
+  end
 end
