@@ -25,8 +25,9 @@ module Serval
     class Client
       attr_reader :socket
 
+      # port: an Integer (connects to 127.0.0.1) or an already open socket.
       def initialize(port, timeout: 5)
-        @socket = TCPSocket.new("127.0.0.1", port)
+        @socket = port.is_a?(IO) ? port : TCPSocket.new("127.0.0.1", port)
         @buffer = +"".b
         @timeout = timeout
       end
