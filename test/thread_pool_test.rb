@@ -142,7 +142,11 @@ class ThreadPoolTest < Minitest::Test
       assert_equal "/inflight", seen.pop
       stopper = Thread.new { server.stop(10) }
       drained.pop
-      late = Thread.new { raw_request(port, "GET /late HTTP/1.1\r\nHost: h\r\n\r\n", read_timeout: 10) }
+      late = Thread.new do
+        raw_request(port, "GET /late HTTP/1.1\r\nHost: h\r\n\r\n", read_timeout: 10)
+      rescue Errno::ECONNREFUSED, Errno::ECONNRESET
+        "" # refused once the listeners are closed: not served either way
+      end
       release << body
       res = client.read_response
       assert_equal 200, res.status
@@ -153,6 +157,35 @@ class ThreadPoolTest < Minitest::Test
     end
     assert_equal "", late.value, "a connection made after stop began is not served"
     assert seen.empty?, "the late request never reached the app"
+  end
+
+  # Once stop has begun (drain acknowledged by the loop), the listening socket
+  # is closed: a new client is refused outright instead of waiting in a backlog.
+  def test_new_connections_are_refused_once_stop_begins
+    started = Queue.new
+    release = Queue.new
+    with_server(blocking_app(started, release), max_threads: 1) do |server, port|
+      drained = on_drain(server)
+      client = connect(port, timeout: 10)
+      client.write("GET /inflight HTTP/1.1\r\nHost: h\r\n\r\n")
+      started.pop
+      stopper = Thread.new { server.stop(10) }
+      drained.pop
+      deadline = now + 5
+      refused = false
+      until refused || now > deadline
+        begin
+          TCPSocket.new("127.0.0.1", port).close
+          Thread.pass
+        rescue Errno::ECONNREFUSED
+          refused = true
+        end
+      end
+      assert refused, "connections are refused while the server drains"
+      release << "done"
+      assert_equal 200, client.read_response.status
+      stopper.join
+    end
   end
 
   # A request still running when the stop timeout passes is cut off: stop

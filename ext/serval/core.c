@@ -233,14 +233,31 @@ static VALUE core_next(VALUE self, VALUE timeout)
 
 /* ---- stopping ----------------------------------------------------------- */
 
-static VALUE core_drain(VALUE self)
+/* Waits (at most SV_DRAIN_ACK_SECONDS) until the loop no longer accepts, so the
+ * caller may close the listening sockets right after. */
+static void *drain_nogvl(void *p)
 {
-    sv_core *core = sv_core_get(self);
+    sv_core *core = p;
+    double deadline = sv_now() + SV_DRAIN_ACK_SECONDS;
+    struct timespec ts;
+    ts.tv_sec = (time_t)deadline;
+    ts.tv_nsec = (long)((deadline - (double)ts.tv_sec) * 1e9);
     pthread_mutex_lock(&core->mu);
     core->draining = 1;
     pthread_cond_broadcast(&core->cv);
     pthread_mutex_unlock(&core->mu);
     sv_core_wake(core);
+    pthread_mutex_lock(&core->mu);
+    while (core->started && !core->joined && !core->accept_closed)
+        if (pthread_cond_timedwait(&core->cv, &core->mu, &ts) == ETIMEDOUT)
+            break;
+    pthread_mutex_unlock(&core->mu);
+    return NULL;
+}
+
+static VALUE core_drain(VALUE self)
+{
+    rb_thread_call_without_gvl(drain_nogvl, sv_core_get(self), RUBY_UBF_IO, NULL);
     return Qnil;
 }
 

@@ -598,7 +598,7 @@ static void scan_timeouts(sv_core *core, double now)
             conn_destroy(c);
     }
     free(hit);
-    if (!draining && !core->accepting && (size_t)atomic_load(&core->open) < core->opt.max_connections)
+    if (!draining && core->accepting == 0 && (size_t)atomic_load(&core->open) < core->opt.max_connections)
         listeners_register(core, 1);
 }
 
@@ -631,7 +631,7 @@ static void *loop_main(void *arg)
         for (int i = 0; i < n; i++) {
             int kind = *(int *)events[i].data.ptr;
             if (kind == SV_KIND_LISTENER) {
-                if (core->accepting)
+                if (core->accepting == 1)
                     do_accept(core, events[i].data.ptr);
             } else if (kind == SV_KIND_WAKE) {
                 handle_wake(core);
@@ -642,8 +642,14 @@ static void *loop_main(void *arg)
         pthread_mutex_lock(&core->mu);
         int draining = core->draining || core->stopping;
         pthread_mutex_unlock(&core->mu);
-        if (draining)
+        if (draining && core->accepting >= 0) {
             listeners_register(core, 0);
+            core->accepting = -1; /* never again */
+            pthread_mutex_lock(&core->mu);
+            core->accept_closed = 1;
+            pthread_cond_broadcast(&core->cv);
+            pthread_mutex_unlock(&core->mu);
+        }
         double now = sv_now();
         if (now >= core->next_scan || draining) {
             scan_timeouts(core, now);

@@ -27,6 +27,7 @@
 #define SV_ACCEPT_BATCH 64           /* accepts per listener event */
 #define SV_EVENTS 128                /* epoll events per wait */
 #define SV_REMOTE_MAX 64
+#define SV_DRAIN_ACK_SECONDS 1.0     /* Core#drain waits this long for the loop to stop accepting */
 
 enum { SV_KIND_LISTENER = 1, SV_KIND_CONN = 2, SV_KIND_WAKE = 3 };
 enum { SV_OWN_LOOP = 0, SV_OWN_RUBY = 1, SV_OWN_DEAD = 2 };
@@ -136,6 +137,7 @@ struct sv_core {
     sv_conn *returned;           /* conns handed back to the loop for parsing */
     sv_conn *dead;               /* conns closed by Ruby threads, to free */
     int draining;
+    int accept_closed;           /* the loop has taken the listeners out of epoll */
     int stopping;
     double stop_deadline;
 

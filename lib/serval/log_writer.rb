@@ -48,14 +48,20 @@ module Serval
 
     # Class, message and backtrace of an error, with what we were doing.
     def exception(error, context = nil)
-      head = "#{error.class}: #{error.message}"
-      head = "#{context}: #{head}" if context
+      head = "#{error.class}: #{safe(error.message)}"
+      head = "#{safe(context)}: #{head}" if context
       lines = [head]
-      lines.concat((error.backtrace || []).map { |frame| "    #{frame}" })
+      lines.concat((error.backtrace || []).map { |frame| "    #{safe(frame)}" })
       write(@stderr, lines.join("\n"))
     end
 
     private
+
+    # Client bytes (binary) and app messages (UTF-8) mixed in one line must
+    # never make logging raise.
+    def safe(text)
+      text.to_s.dup.force_encoding(Encoding::UTF_8).scrub("?")
+    end
 
     def write(io, message)
       text = message.to_s

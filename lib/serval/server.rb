@@ -52,6 +52,7 @@ module Serval
     def stop(timeout = @options[:drain_timeout])
       deadline = now + timeout.to_f
       @core.drain
+      close_listeners
       @thread_pool.stop
       stragglers = @thread_pool.join(deadline)
       @core.shutdown([deadline - now, 0].max)
@@ -88,6 +89,14 @@ module Serval
 
     def now
       Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    end
+
+    # New connections are refused from here on (the loop no longer accepts).
+    # Closing this process's descriptors leaves other processes' copies open.
+    def close_listeners
+      @listeners.each { |io| io.close unless io.closed? }
+    rescue IOError, SystemCallError
+      nil
     end
 
     def mark_stopped
