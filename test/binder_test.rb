@@ -37,7 +37,13 @@ class BinderTest < Minitest::Test
       "tcp://127.0.0.1:80?bogus=1" => /unknown parameter `bogus`/,
       "unix://" => /missing socket path/,
       "unix:///tmp/a?mode=999" => /mode must be octal/,
-      "ssl://0.0.0.0:443" => /ssl binds are not supported/
+      "unix:///tmp/a?umask=77x" => /umask must be octal/,
+      "tcp://127.0.0.1:80?a=1&b=2" => /unknown parameters `a`, `b`/,
+      "ssl://0.0.0.0:443" => /missing cert=PATH/,
+      "ssl://0.0.0.0:443?cert=/c.pem" => /missing key=PATH/,
+      "ssl://0.0.0.0:443?cert=/c&key=/k&verify_mode=maybe" => /verify_mode must be none or peer/,
+      "ssl://0.0.0.0:443?cert=/c&key=/k&verify_mode=peer" => /verify_mode=peer needs ca=PATH/,
+      "ssl://0.0.0.0:443?cert=/c&key=/k&ciphers=x" => /unknown parameter `ciphers`/
     }.each do |uri, pattern|
       error = assert_raises(Serval::ConfigError, uri) { Serval::Binder.parse(uri) }
       assert_match pattern, error.message
@@ -120,6 +126,78 @@ class BinderTest < Minitest::Test
     error = assert_raises(Serval::ConfigError) { @binder.bind(["unix://#{path}"]) }
     assert_match(/exists and is not a socket/, error.message)
     assert File.file?(path)
+  end
+
+  def test_parse_ssl
+    bind = Serval::Binder.parse("ssl://127.0.0.1:9443?cert=/c.pem&key=/k.pem&backlog=32")
+    assert_equal [:ssl, "127.0.0.1", 9443, 32], [bind.scheme, bind.host, bind.port, bind.backlog]
+    assert_equal({ "cert" => "/c.pem", "key" => "/k.pem", "verify_mode" => "none" }, bind.tls)
+  end
+
+  def test_unix_socket_umask
+    path = File.join(@dir, "u.sock")
+    @binder.bind(["unix://#{path}?umask=0077"])
+    assert_equal 0, File.stat(path).mode & 0o077 # no group/other bits from the socket's creation
+    refute_equal 0o077, File.umask # restored
+  end
+
+  def test_unix_mode_wins_over_umask
+    path = File.join(@dir, "m.sock")
+    @binder.bind(["unix://#{path}?umask=0077&mode=0666"])
+    assert_equal 0o666, File.stat(path).mode & 0o777
+  end
+
+  def test_tcp_ipv6_with_backlog
+    begin
+      TCPServer.new("::1", 0).close
+    rescue SystemCallError
+      skip "no IPv6 loopback here"
+    end
+    listener = @binder.bind(["tcp://[::1]:0?backlog=8"]).first
+    assert_equal 8, listener.bind.backlog
+    assert listener.io.local_address.ipv6?
+    TCPSocket.new("::1", listener.io.local_address.ip_port).close
+  end
+
+  def test_hot_restart_inherits_sockets_by_url
+    path = File.join(@dir, "r.sock")
+    old = Serval::Binder.new(backlog: 16)
+    old.bind(["tcp://127.0.0.1:0", "unix://#{path}"])
+    env = old.inherit_env
+    assert_match(/\A\d+=tcp:\/\/127\.0\.0\.1:0,\d+=unix:\/\/.*r\.sock\z/, env["SERVAL_INHERITED_FDS"])
+    assert_equal old.ios.map(&:fileno).sort, old.inherit_redirects.keys.sort
+    # the new process: same binds, inherited descriptors (dup'ed here)
+    dups = old.ios.map { |io| io.fcntl(Fcntl::F_DUPFD, 50) }
+    spec = env["SERVAL_INHERITED_FDS"].split(",").each_with_index.map { |e, i| "#{dups[i]}=#{e.split('=', 2)[1]}" }.join(",")
+    new_env = { "SERVAL_INHERITED_FDS" => spec }
+    log = StringIO.new
+    binder = Serval::Binder.new(backlog: 16, env: new_env, log_writer: Serval::LogWriter.new(stdout: log, stderr: log))
+    listeners = binder.bind(["tcp://127.0.0.1:0", "unix://#{path}"])
+    assert_equal dups, listeners.map { |l| l.io.fileno }
+    assert_equal old.urls, binder.urls
+    assert_equal [:restart, :restart], listeners.map(&:inherited)
+    assert_empty new_env
+    assert_match(/Adopted restart fd #{dups[0]}/, log.string)
+    old.close(unlink: false)
+    UNIXSocket.new(path).close # still served by the inherited copy
+    binder.close
+    refute File.exist?(path)
+  ensure
+    old&.close
+  end
+
+  def test_inherited_socket_of_a_removed_bind_is_closed
+    taken = TCPServer.new("127.0.0.1", 0)
+    fd = taken.fcntl(Fcntl::F_DUPFD, 50)
+    log = StringIO.new
+    binder = Serval::Binder.new(env: { "SERVAL_INHERITED_FDS" => "#{fd}=tcp://127.0.0.1:1" },
+                                log_writer: Serval::LogWriter.new(stdout: log, stderr: log))
+    binder.bind(["tcp://127.0.0.1:0"])
+    assert_match(/Closing inherited fd #{fd}/, log.string)
+    assert_raises(Errno::EBADF) { IO.for_fd(fd, autoclose: false) }
+    binder.close
+  ensure
+    taken&.close
   end
 
   def test_localhost_binds_loopback_on_one_port

@@ -33,9 +33,10 @@ module Serval
       @stopped = ConditionVariable.new
     end
 
-    def listen(io)
+    # tls: a Native::TLSContext for an ssl:// listener, or nil
+    def listen(io, tls = nil)
       name, port = listener_address(io)
-      @core.listen(io.fileno, name, port)
+      tls ? @core.listen(io.fileno, name, port, tls) : @core.listen(io.fileno, name, port)
       @listeners << io
       io
     end

@@ -19,7 +19,7 @@ module Serval
 
     # files: {"relative/path" => contents} written into the temp dir.
     # command: full argv; defaults to ruby exe/serval ARGS.
-    def initialize(args = [], files: { "config.ru" => HELLO }, command: nil, env: {})
+    def initialize(args = [], files: { "config.ru" => HELLO }, command: nil, env: {}, spawn_opts: {})
       @dir = Dir.mktmpdir("serval-test-")
       files.each do |path, body|
         full = File.join(@dir, path)
@@ -27,6 +27,7 @@ module Serval
         File.write(full, body)
       end
       @command = command || [RbConfig.ruby, "-w", EXE, *args]
+      @spawn_opts = spawn_opts # e.g. { 3 => socket } to pass a descriptor
       @env = { "BUNDLE_GEMFILE" => File.join(ROOT, "Gemfile"), "RUBYOPT" => [ENV["RUBYOPT"], "-rbundler/setup"].compact.join(" ") }.merge(env)
       @stdout_path = File.join(@dir, "stdout.log")
       @stderr_path = File.join(@dir, "stderr.log")
@@ -38,7 +39,7 @@ module Serval
     def start
       out_r, out_w = IO.pipe
       err_r, err_w = IO.pipe
-      @pid = Process.spawn(@env, *@command, chdir: @dir, out: out_w, err: err_w, in: File::NULL, pgroup: true)
+      @pid = Process.spawn(@env, *@command, chdir: @dir, out: out_w, err: err_w, in: File::NULL, pgroup: true, **@spawn_opts)
       out_w.close
       err_w.close
       @readers = [tee(out_r, @stdout_path, :out), tee(err_r, @stderr_path, :err)]
