@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <ruby.h>
 #include <ruby/thread.h>
 #include "serval.h"
@@ -13,6 +14,7 @@ typedef struct {
     sv_core core;
     _Atomic long refs;   /* the Core object + one per live Request */
     VALUE listeners;     /* keeps nothing alive; Ruby owns the IOs */
+    pid_t pid;           /* the process that made it (see core_free) */
 } sv_core_box;
 
 void sv_core_ref(sv_core *core)
@@ -34,6 +36,12 @@ void sv_core_unref(sv_core *core)
 static void core_free(void *p)
 {
     sv_core_box **slot = p;
+    if (*slot && (*slot)->pid != getpid()) {
+        /* inherited through fork: the loop thread and its locks belong to
+           the parent, so joining would hang; leave the memory alone */
+        xfree(slot);
+        return;
+    }
     if (*slot) {
         sv_core_stop_and_join(&(*slot)->core, 0);
         sv_core_unref(&(*slot)->core);
@@ -120,6 +128,7 @@ static VALUE core_initialize(int argc, VALUE *argv, VALUE self)
         rb_raise(rb_eNoMemError, "cannot allocate core");
     box->core.epfd = box->core.wakefd = -1;
     atomic_store(&box->refs, 1);
+    box->pid = getpid();
     read_options(&box->core.opt, opts);
     if (sv_core_init(&box->core) != 0) {
         int e = errno;

@@ -244,6 +244,8 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw
     }
     int bodyless = code < 200 || code == 204 || code == 304;
     int keep = r->keep_alive && !core->draining && c->nreq < core->opt.max_keepalive_requests && !x.conn_close;
+    if (keep && core->opt.balance && core->queued > (size_t)core->waiting)
+        keep = 0; /* no thread free here: the client reconnects, maybe to an idle sibling */
     c->head_only = r->method_len == 4 && memcmp(r->method, "HEAD", 4) == 0;
     c->expected = -1;
     if (bodyless) {

@@ -117,9 +117,33 @@ static void format_remote(sv_conn *c, const struct sockaddr_storage *ss)
     }
 }
 
+/* Balance mode: how many Ruby threads are free (waiting beyond the queue). */
+static int free_threads(sv_core *core)
+{
+    pthread_mutex_lock(&core->mu);
+    int n = core->waiting - (int)core->queued;
+    pthread_mutex_unlock(&core->mu);
+    return n;
+}
+
+/* Balance mode: listeners stay in epoll only while a Ruby thread is free; the
+ * flag tells the next waiter in Core#next to wake the loop (core.c). */
+static void balance_listeners(sv_core *core)
+{
+    pthread_mutex_lock(&core->mu);
+    int idle = core->waiting > (int)core->queued;
+    core->balance_paused = !idle;
+    pthread_mutex_unlock(&core->mu);
+    if (!idle)
+        listeners_register(core, 0);
+    else if ((size_t)atomic_load(&core->open) < core->opt.max_connections)
+        listeners_register(core, 1);
+}
+
 static void do_accept(sv_core *core, sv_listener *l)
 {
-    for (int i = 0; i < SV_ACCEPT_BATCH; i++) {
+    int batch = core->opt.balance ? free_threads(core) : SV_ACCEPT_BATCH;
+    for (int i = 0; i < batch; i++) {
         if ((size_t)atomic_load(&core->open) >= core->opt.max_connections) {
             listeners_register(core, 0); /* resumed by the timeout scan */
             return;
@@ -655,6 +679,8 @@ static void *loop_main(void *arg)
             scan_timeouts(core, now);
             core->next_scan = now + SV_SCAN_INTERVAL_MS / 1000.0;
         }
+        if (core->opt.balance && !draining && core->accepting >= 0)
+            balance_listeners(core);
         if (loop_should_exit(core, now))
             break;
     }

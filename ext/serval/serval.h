@@ -108,6 +108,7 @@ typedef struct {
     size_t max_connections;
     size_t output_buffer;
     unsigned max_keepalive_requests;
+    int balance;                 /* cluster worker: accept only while a Ruby thread is free */
     char tmpdir[1024];
 } sv_options;
 
@@ -134,6 +135,7 @@ struct sv_core {
     sv_conn *q_head, *q_tail;    /* ready queue */
     size_t queued;
     int waiting;                 /* Ruby threads blocked in Core#next */
+    int balance_paused;          /* balance: listeners out of epoll until a thread waits */
     sv_conn *returned;           /* conns handed back to the loop for parsing */
     sv_conn *dead;               /* conns closed by Ruby threads, to free */
     int draining;

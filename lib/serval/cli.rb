@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "optparse"
+require "rbconfig"
 require "serval/version"
 require "serval/errors"
 require "serval/configuration"
@@ -33,6 +34,7 @@ module Serval
 
     def initialize(argv, stdout: $stdout, stderr: $stderr)
       @argv = argv.dup
+      @original_argv = argv.dup.freeze
       @stdout = stdout
       @stderr = stderr
       @cli = {}
@@ -58,12 +60,17 @@ module Serval
 
     def run_launcher(options, log_writer)
       require "serval/launcher"
-      Launcher.new(options, log_writer: log_writer).run
+      Launcher.new(options, log_writer: log_writer, restart_argv: restart_argv).run
     rescue ConfigError
       raise
     rescue StandardError, ScriptError => e
       log_writer.exception(e, "serval: boot failed")
       1
+    end
+
+    # What a hot restart (USR2) execs: this same command line.
+    def restart_argv
+      [RbConfig.ruby, *($VERBOSE ? ["-w"] : []), File.expand_path($PROGRAM_NAME), *@original_argv]
     end
 
     def fail_with(message)
@@ -113,11 +120,11 @@ module Serval
       o.on("-h", "--help", "Show this help and exit") { done(@stdout.puts(o.help)) }
     end
 
-    # Accepted for Puma compatibility; they only warn.
     def puma_options(o)
+      o.separator "Cluster mode (docs/signals.md):"
+      o.on("-w", "--workers N", "Forked worker processes, or auto (0 = single mode)") { |v| @dsl.workers(v) }
+      o.on("--preload", "Load the app in the master before forking (default with -w > 1)") { @dsl.preload_app! }
       o.separator "Accepted from Puma, not supported yet (warn only):"
-      o.on("-w", "--workers N", "Cluster mode (0 = single mode)") { |v| @dsl.workers(v) }
-      o.on("--preload", "Preload the app before forking") { @dsl.preload_app! }
       o.on("--fork-worker [N]", "Refork from worker 0") { @dsl.fork_worker }
     end
 

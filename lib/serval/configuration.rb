@@ -39,8 +39,22 @@ module Serval
       tmpdir: Dir.tmpdir.dup.freeze,
       drain_timeout: 30.0,
       thread_idle_timeout: 30.0,
-      backlog: 1024
+      backlog: 1024,
+      workers: 0,
+      preload_app: nil,
+      worker_timeout: 60.0,
+      worker_boot_timeout: 60.0,
+      worker_check_interval: 5.0,
+      before_fork: [].freeze,
+      before_worker_boot: [].freeze,
+      after_worker_boot: [].freeze,
+      before_worker_shutdown: [].freeze,
+      after_worker_shutdown: [].freeze
     }.freeze
+
+    # Cluster hooks => how many arguments their blocks receive.
+    HOOKS = { before_fork: 0, before_worker_boot: 1, after_worker_boot: 1,
+              before_worker_shutdown: 1, after_worker_shutdown: 1 }.freeze
 
     DAY = 86_400.0
     INT_MAX = 2**31 - 1
@@ -76,7 +90,14 @@ module Serval
       tmpdir: [:directory],
       drain_timeout: [:seconds, 0.0, DAY],
       thread_idle_timeout: [:seconds, 0.001, DAY],
-      backlog: [:int, 1, 65_535]
+      backlog: [:int, 1, 65_535],
+      workers: [:workers, 0, 4096],
+      preload_app: [:bool_or_nil],
+      worker_timeout: [:seconds, 0.5, DAY],
+      worker_boot_timeout: [:seconds, 0.5, DAY],
+      worker_check_interval: [:seconds, 0.05, 3600.0],
+      before_fork: [:hooks], before_worker_boot: [:hooks], after_worker_boot: [:hooks],
+      before_worker_shutdown: [:hooks], after_worker_shutdown: [:hooks]
     }.freeze
 
     # Default config files, tried in order (Puma's convention with our name).
@@ -114,6 +135,10 @@ module Serval
     end
 
     def self.check_relations(opts)
+      if opts[:worker_timeout] <= opts[:worker_check_interval]
+        raise ConfigError, "worker_timeout (#{opts[:worker_timeout]}) must be > worker_check_interval " \
+                           "(#{opts[:worker_check_interval]})"
+      end
       if opts[:min_threads] > opts[:max_threads]
         raise ConfigError, "threads: min (#{opts[:min_threads]}) must be <= max (#{opts[:max_threads]})"
       end
@@ -134,6 +159,9 @@ module Serval
       when :directory then directory(name, value)
       when :handler then handler(name, value)
       when :binds then binds(name, value)
+      when :workers then range(name, workers(name, value), min, max)
+      when :bool_or_nil then value.nil? ? nil : bool(name, value)
+      when :hooks then hooks(name, key, value)
       end
     end
 
@@ -193,6 +221,35 @@ module Serval
       end
 
       value
+    end
+
+    # An Integer, a numeric String or :auto (one worker per CPU).
+    def self.workers(name, value)
+      if value.to_s == "auto"
+        require "etc"
+        return Etc.nprocessors
+      end
+      int(name, value)
+    rescue ConfigError
+      raise ConfigError, "#{name}: expected an integer or :auto, got #{value.inspect}"
+    end
+
+    # A list of callables, each taking at most HOOKS[key] arguments.
+    def self.hooks(name, key, value)
+      allowed = HOOKS.fetch(key)
+      Array(value).map do |hook|
+        raise ConfigError, "#{name}: expected a block or a callable, got #{hook.inspect}" unless hook.respond_to?(:call)
+
+        arity = hook.respond_to?(:arity) ? hook.arity : hook.method(:call).arity
+        required = arity.negative? ? -arity - 1 : arity
+        lambda_like = !hook.is_a?(Proc) || hook.lambda?
+        if required > allowed || (lambda_like && arity >= 0 && arity != allowed)
+          raise ConfigError, "#{name}: the block must take #{allowed} argument#{'s' unless allowed == 1}" \
+                             "#{allowed == 1 ? ' (the worker index)' : ''}, it takes #{arity}"
+        end
+
+        hook
+      end.freeze
     end
 
     def self.binds(name, value)

@@ -13,19 +13,16 @@ module Serval
   class DSL
     # Puma options Serval accepts and ignores with a warning.
     UNSUPPORTED = %i[
-      plugin ssl_bind worker_timeout worker_boot_timeout worker_check_interval
-      worker_culling_strategy preload_app! fork_worker prune_bundler nakayoshi_fork
+      plugin ssl_bind worker_culling_strategy fork_worker prune_bundler nakayoshi_fork
       extra_runtime_dependencies wait_for_less_busy_worker silence_single_worker_warning
-      silence_fork_callback_warning on_worker_boot on_worker_shutdown on_worker_fork
-      after_worker_fork after_worker_boot before_worker_boot before_worker_shutdown
-      before_worker_fork after_worker_shutdown before_fork on_restart before_restart
-      on_refork before_refork after_refork on_booted after_booted on_stopped after_stopped
-      on_thread_start on_thread_exit before_thread_start before_thread_exit out_of_band
-      activate_control_app state_path state_permission stdout_redirect queue_requests
-      restart_command mutate_stdout_and_stderr_to_sync_on_write custom_logger log_formatter
+      silence_fork_callback_warning on_worker_fork after_worker_fork before_worker_fork on_restart
+      before_restart on_refork before_refork after_refork on_booted after_booted on_stopped
+      after_stopped on_thread_start on_thread_exit before_thread_start before_thread_exit 
+      out_of_band activate_control_app state_path state_permission stdout_redirect queue_requests restart_command
+      mutate_stdout_and_stderr_to_sync_on_write custom_logger log_formatter
       raise_exception_on_sigterm set_remote_address shutdown_debug clean_thread_locals
-      max_fast_inline io_selector_backend enable_keep_alives supported_http_methods
-      rack_url_scheme bind_to_activated_sockets preload_app debug_rack_app
+      max_fast_inline io_selector_backend enable_keep_alives supported_http_methods rack_url_scheme
+      bind_to_activated_sockets debug_rack_app
     ].freeze
 
     # Serval options set with one value, named like their keys.
@@ -128,9 +125,39 @@ module Serval
       set(:max_body, bytes, name: :http_content_length_limit)
     end
 
+    # Cluster mode (docs/configuration.md): N forked workers, or :auto (one per CPU).
     def workers(count)
-      count = Configuration.range(:workers, Configuration.int(:workers, count), 0, 4096)
-      unsupported(:workers) if count.positive?
+      set(:workers, count)
+    end
+
+    def preload_app!(value = true)
+      set(:preload_app, value, name: :preload_app!)
+    end
+
+    def worker_timeout(seconds)
+      set(:worker_timeout, seconds)
+    end
+
+    def worker_boot_timeout(seconds)
+      set(:worker_boot_timeout, seconds)
+    end
+
+    def worker_check_interval(seconds)
+      set(:worker_check_interval, seconds)
+    end
+
+    # Cluster hooks; each may be given many times (run in order).
+    Configuration::HOOKS.each_key do |key|
+      define_method(key) { |callable = nil, &block| hook(key, key, callable || block) }
+    end
+
+    # Puma's older names for the same hooks.
+    def on_worker_boot(callable = nil, &block)
+      hook(:before_worker_boot, :on_worker_boot, callable || block)
+    end
+
+    def on_worker_shutdown(callable = nil, &block)
+      hook(:before_worker_shutdown, :on_worker_shutdown, callable || block)
     end
 
     UNSUPPORTED.each do |name|
@@ -149,6 +176,13 @@ module Serval
 
     def set(key, value, name: key)
       @options[key] = Configuration.coerce(key, value, name: name)
+    end
+
+    def hook(key, name, callable)
+      raise ConfigError, "#{name}: give a block" unless callable
+
+      list = Configuration.coerce(key, [callable], name: name)
+      @options[key] = ((@options[key] || []) + list).freeze
     end
 
     def unsupported(name)

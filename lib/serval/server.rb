@@ -14,7 +14,7 @@ module Serval
   class Server
     CORE_KEYS = %i[max_request_line max_head max_headers max_body body_spill max_chunk_ext
                    first_data_timeout read_timeout persistent_timeout write_timeout
-                   max_connections output_buffer max_keepalive_requests tmpdir].freeze
+                   max_connections output_buffer max_keepalive_requests tmpdir balance].freeze
 
     attr_reader :thread_pool, :options
 

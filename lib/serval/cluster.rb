@@ -1,0 +1,359 @@
+# frozen_string_literal: true
+
+require "serval/launcher"
+require "serval/systemd"
+require "serval/cluster/worker_handle"
+require "serval/cluster/worker"
+
+module Serval
+  # Cluster mode: a master that serves nothing. It binds, (pre)loads the app,
+  # forks `workers` Worker processes and supervises them from one loop that
+  # handles commands (signals, #enqueue), worker check-ins, exits and deadlines.
+  class Cluster
+    BACKOFF_MAX = 30.0        # seconds between respawns of a crash-looping worker
+    HEALTHY_AFTER = 10.0      # a worker up this long resets its crash count
+    STOP_GRACE = 5.0          # after drain_timeout, stopping workers get KILL
+
+    attr_reader :options, :log_writer, :binder, :app
+
+    def initialize(options, log_writer:, app: nil, signals: true, restart_argv: nil)
+      @options = options
+      @log_writer = log_writer
+      @app = app
+      @signals_on = signals
+      @restart_argv = restart_argv
+      @cwd = Dir.pwd
+      @signals = Signals.new
+      @wanted = options[:workers]
+      @preload = options[:preload_app].nil? ? @wanted > 1 : options[:preload_app]
+      @workers = {}          # index => WorkerHandle serving (or booting)
+      @retiring = []         # handles told to stop
+      @phase = 0
+      @failures = Hash.new(0)
+      @spawn_at = Hash.new(0.0)
+      @state = :new
+      @state_mutex = Mutex.new
+      @state_cond = ConditionVariable.new
+    end
+
+    def run
+      @signals.install(Signals::MASTER) if @signals_on
+      boot
+      supervise
+      0
+    rescue Exception # rubocop:disable Lint/RescueException
+      change_state(:failed) unless booted?
+      raise
+    ensure
+      cleanup
+    end
+
+    def enqueue(command)
+      @signals.push(command)
+    end
+
+    def booted?
+      @state == :booted
+    end
+
+    def wait_until_booted(timeout)
+      deadline = now + timeout
+      @state_mutex.synchronize do
+        @state_cond.wait(@state_mutex, deadline - now) while @state == :new && deadline > now
+        @state == :booted
+      end
+    end
+
+    def urls
+      @binder ? @binder.urls : []
+    end
+
+    def stats
+      handles = @workers.values.sort_by(&:index)
+      { started_at: @started_at, workers: handles.size, phase: @phase,
+        booted_workers: handles.count(&:booted?), old_workers: handles.count { |h| h.phase != @phase },
+        worker_status: handles.map(&:stats) }
+    end
+
+    private
+
+    def boot
+      Dir.chdir(@options[:directory]) if @options[:directory]
+      ENV["RACK_ENV"] = @options[:environment]
+      @log_writer.info("Serval #{VERSION} (ruby #{RUBY_VERSION}-p#{RUBY_PATCHLEVEL}) starting in cluster mode")
+      @log_writer.info("* Environment: #{@options[:environment]}")
+      @log_writer.info("* Workers: #{@wanted}, threads: #{@options[:min_threads]}..#{@options[:max_threads]}, " \
+                       "preload: #{@preload}")
+      @app ||= Launcher::Support.load_app(@options[:rackup]) if @preload
+      @binder = Binder.new(backlog: @options[:backlog], log_writer: @log_writer)
+      @binder.bind(@options[:binds])
+      @pidfile = Launcher::Support.write_pidfile(@options[:pidfile])
+      urls.each { |url| @log_writer.info("* Listening on #{url}") }
+      @log_writer.info("Use Ctrl-C to stop")
+      @started_at = Time.now.utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+      @options[:before_fork].each(&:call)
+      maintain
+      update_title
+      change_state(:booted)
+    end
+
+    # The one loop: commands, check-ins, exits, deadlines, worker count.
+    def supervise
+      @last_tick = now
+      until @done
+        ready, = IO.select([@signals.reader, *handles.map(&:status_io).reject(&:closed?)], nil, nil, next_timeout)
+        guard_suspend
+        (ready || []).each do |io|
+          if io == @signals.reader
+            @signals.read.each { |command| handle(command) }
+          else
+            read_worker(handles.find { |h| h.status_io == io })
+          end
+        end
+        reap
+        check_deadlines
+        @stopping ? finish_stop : maintain
+      end
+    end
+
+    def handle(command)
+      @log_writer.debug("serval: command #{command}")
+      case command
+      when :stop then begin_stop(:stop)
+      when :halt then begin_stop(:halt)
+      when :restart then restart
+      when :phased_restart then phased_restart
+      when :reopen_logs
+        Launcher::Support.reopen_logs(@log_writer)
+        handles.each { |h| h.signal("HUP") }
+      when :add_worker then change_count(@wanted + 1)
+      when :remove_worker then change_count(@wanted - 1)
+      when :dump_threads
+        Launcher::Support.dump_threads(@log_writer, "master [#{Process.pid}]")
+        handles.each { |h| h.signal(Signals::DUMP_SIGNAL) }
+      when :child then nil # reaped below
+      end
+    end
+
+    def handles
+      @workers.values + @retiring
+    end
+
+    def read_worker(handle)
+      return unless handle
+
+      case handle.read(now)
+      when :booted
+        @log_writer.info(format("- Worker %<i>d (PID: %<p>d) booted in %<s>.2fs, phase: %<ph>d",
+                                i: handle.index, p: handle.pid, s: handle.booted_at - handle.spawned_at, ph: handle.phase))
+        @options[:after_worker_boot].each { |hook| hook.call(handle.index) }
+        Systemd.notify_ready if @workers.values.all?(&:booted?) && @workers.size == @wanted
+        update_title
+      when :eof then handle.status_io.close unless handle.status_io.closed?
+      end
+    end
+
+    def reap
+      loop do
+        pid, status = Process.wait2(-1, Process::WNOHANG)
+        break unless pid
+
+        handle = handles.find { |h| h.pid == pid }
+        next unless handle
+
+        handle.exit_status = status
+        handle.close
+        @retiring.delete(handle)
+        @workers.delete(handle.index) if @workers[handle.index].equal?(handle)
+        crashed(handle) unless handle.stopping? || @stopping
+        @options[:after_worker_shutdown].each { |hook| hook.call(handle) }
+        update_title
+      end
+    rescue Errno::ECHILD
+      nil
+    end
+
+    # Exponential backoff per worker index: the first respawn is immediate,
+    # then 0.5 s, 1 s, 2 s ... up to BACKOFF_MAX; one log line per respawn.
+    def crashed(handle)
+      i = handle.index
+      healthy = handle.booted? && now - handle.booted_at >= HEALTHY_AFTER
+      @failures[i] = healthy ? 1 : @failures[i] + 1
+      delay = @failures[i] <= 1 ? 0.0 : [0.5 * (2**(@failures[i] - 2)), BACKOFF_MAX].min
+      @spawn_at[i] = now + delay
+      @log_writer.error(format("! Worker %<i>d (PID: %<p>d) exited (%<st>s); respawning in %<d>.1fs (failure %<f>d in a row)",
+                               i: i, p: handle.pid, st: describe(handle.exit_status), d: delay, f: @failures[i]))
+    end
+
+    def describe(status)
+      return "unknown" unless status
+      return "signal #{Signal.signame(status.termsig)}" if status.signaled?
+
+      "status #{status.exitstatus}"
+    end
+
+    def check_deadlines
+      t = now
+      @workers.each_value do |h|
+        next if h.stopping? || t <= h.deadline(@options)
+
+        what = h.booted? ? "no check-in for #{@options[:worker_timeout]}s" : "not booted after #{@options[:worker_boot_timeout]}s"
+        @log_writer.error("! Worker #{h.index} (PID: #{h.pid}) timed out (#{what}); killing it")
+        h.signal("KILL")
+        h.excuse(@options[:worker_timeout]) # one KILL per deadline; reap replaces it
+      end
+      @retiring.each do |h|
+        h.signal("KILL") if h.stop_sent_at && t > h.stop_sent_at + @options[:drain_timeout] + STOP_GRACE
+      end
+    end
+
+    # The master did not run for a while (suspend, SIGSTOP): excuse everyone.
+    def guard_suspend
+      t = now
+      gap = t - @last_tick
+      @last_tick = t
+      return unless gap > @options[:worker_timeout] / 2
+
+      @log_writer.info(format("- Master was not running for %.1fs; worker deadlines extended", gap))
+      handles.each { |h| h.excuse(gap) }
+    end
+
+    def next_timeout
+      deadlines = @workers.values.map { |h| h.deadline(@options) }
+      deadlines.concat(@spawn_at.values.select { |at| at > now })
+      [[*deadlines.map { |d| d - now }, @options[:worker_check_interval]].min, 0.01].max
+    end
+
+    def maintain
+      @wanted.times do |i|
+        spawn_worker(i) if !@workers.key?(i) && now >= @spawn_at[i]
+      end
+      @workers.keys.select { |i| i >= @wanted }.each { |i| retire(@workers[i]) }
+      step_phased_restart
+    end
+
+    def change_count(count)
+      return @log_writer.info("- Keeping 1 worker (TTOU stops at one)") if count < 1
+
+      @wanted = count
+      @log_writer.info("- Workers: #{@wanted}")
+      update_title
+    end
+
+    # USR1: one old worker at a time, once every current worker is booted.
+    def phased_restart
+      @phase += 1
+      @log_writer.info("- Phased restart to phase #{@phase}#{@preload ? ' (preloaded: app code is not reloaded)' : ''}")
+    end
+
+    def step_phased_restart
+      return unless @workers.size == @wanted && @workers.values.all?(&:booted?)
+
+      old = @workers.values.find { |h| h.phase != @phase }
+      retire(old) if old
+    end
+
+    def retire(handle)
+      @workers.delete(handle.index)
+      @retiring << handle
+      handle.stop_sent_at = now
+      @log_writer.info("- Stopping worker #{handle.index} (PID: #{handle.pid})")
+      @options[:before_worker_shutdown] # run in the worker, on TERM
+      handle.signal("TERM")
+    end
+
+    def spawn_worker(index)
+      status_r, status_w = IO.pipe
+      life_r, life_w = IO.pipe
+      others = handles.flat_map { |h| [h.status_io, h.life_io] }
+      pid = Process.fork { worker_main(index, status_w, life_r, [status_r, life_w, *others]) }
+      status_w.close
+      life_r.close
+      @workers[index] = WorkerHandle.new(pid: pid, index: index, phase: @phase, status_io: status_r, life_io: life_w, now: now)
+    end
+
+    def worker_main(index, status_w, life_r, close_ios)
+      code = 1
+      begin
+        close_ios.each { |io| io.close unless io.closed? }
+        @signals.close
+        code = Worker.new(index: index, options: @options, app: @app, binder: @binder, log_writer: @log_writer,
+                          status_io: status_w, life_io: life_r).run
+      rescue Exception => e # rubocop:disable Lint/RescueException
+        @log_writer.exception(e, "serval: worker #{index} failed")
+      end
+      $stdout.flush
+      $stderr.flush
+      Process.exit!(code)
+    end
+
+    def begin_stop(how)
+      return if @stopping == :halt || (@stopping && how == :stop)
+
+      @stopping = how
+      @stop_deadline = now + (how == :halt ? STOP_GRACE : @options[:drain_timeout] + STOP_GRACE)
+      Systemd.notify_stopping unless @restarting
+      @log_writer.info(how == :halt ? "- Stopping now" : "- Gracefully stopping, waiting up to #{@options[:drain_timeout]}s for requests to finish")
+      sig = how == :halt ? "INT" : "TERM"
+      @workers.each_value { |h| h.stop_sent_at ||= now }
+      handles.each { |h| h.signal(sig) }
+    end
+
+    def finish_stop
+      if handles.empty?
+        exec_restart if @restarting
+        @done = true
+      elsif now > @stop_deadline
+        handles.each { |h| h.signal("KILL") }
+        @stop_deadline = now + STOP_GRACE
+      end
+    end
+
+    # USR2: stop the workers gracefully (the listeners stay open here, so
+    # new connections wait in the kernel's backlog), then exec the same command.
+    def restart
+      return @log_writer.info("- Hot restart is not available (no command to exec)") unless @restart_argv
+
+      @restarting = true
+      begin_stop(:stop)
+    end
+
+    def exec_restart
+      Launcher::Support.remove_pidfile(@pidfile)
+      @signals.close
+      Launcher::Support.exec_restart(@restart_argv, @cwd, @binder, @log_writer)
+    end
+
+    def update_title
+      ProcessTitle.master(@options[:binds], @options[:tag], booted: @workers.values.count(&:booted?), wanted: @wanted)
+    end
+
+    def cleanup
+      handles.each { |h| h.signal("KILL") } unless @done
+      handles.each do |h|
+        Process.wait(h.pid)
+      rescue Errno::ECHILD
+        nil
+      end
+      @binder&.close
+      Launcher::Support.remove_pidfile(@pidfile)
+      @signals.close
+      @log_writer.info("- Goodbye!") if @state == :booted
+      @state_mutex.synchronize do
+        @state = :stopped
+        @state_cond.broadcast
+      end
+    end
+
+    def change_state(state)
+      @state_mutex.synchronize do
+        @state = state
+        @state_cond.broadcast
+      end
+    end
+
+    def now
+      Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    end
+  end
+end

@@ -1,0 +1,114 @@
+# frozen_string_literal: true
+
+require "json"
+require "serval/launcher"
+
+module Serval
+  class Cluster
+    # One worker process, after fork: runs the hooks, starts its own Server
+    # (native core and thread pool start here, never in the master), checks in
+    # with the master every worker_check_interval seconds with its stats, and
+    # stops gracefully on TERM or when the master's pipe reaches EOF.
+    class Worker
+      def initialize(index:, options:, app:, binder:, log_writer:, status_io:, life_io:)
+        @index = index
+        @options = options
+        @app = app
+        @binder = binder
+        @log_writer = log_writer
+        @status_io = status_io
+        @life_io = life_io
+        @signals = Signals.new
+      end
+
+      # Returns the exit status.
+      def run
+        @signals.install(Signals::WORKER)
+        ProcessTitle.worker(@index, @options[:tag], nil)
+        run_hooks(:before_worker_boot, @index)
+        start_server
+        checkin(booted: true)
+        supervise
+      ensure
+        @signals.close
+      end
+
+      private
+
+      def start_server
+        require "serval/server"
+        app = @app || Launcher::Support.load_app(@options[:rackup])
+        @server = Server.new(app, @options.merge(balance: true), log_writer: @log_writer)
+        @binder.listeners.each { |l| @server.listen(l.io, l.tls) }
+        @server.run
+      end
+
+      def supervise
+        interval = @options[:worker_check_interval]
+        next_checkin = Launcher::Support.now + interval
+        loop do
+          ready, = IO.select([@signals.reader, @life_io], nil, nil, [next_checkin - Launcher::Support.now, 0].max)
+          if ready&.include?(@life_io) && master_gone?
+            @log_writer.info("- Worker #{@index} (PID: #{Process.pid}): master is gone, stopping")
+            return stop
+          end
+          if ready&.include?(@signals.reader)
+            @signals.read.each do |command|
+              case command
+              when :stop then return stop
+              when :halt then return halt
+              when :reopen_logs then Launcher::Support.reopen_logs(@log_writer)
+              when :dump_threads then Launcher::Support.dump_threads(@log_writer, "worker #{@index} [#{Process.pid}]")
+              end
+            end
+          end
+          if Launcher::Support.now >= next_checkin
+            checkin
+            next_checkin = Launcher::Support.now + interval
+          end
+        end
+      end
+
+      def master_gone?
+        @life_io.read_nonblock(1, exception: false).nil?
+      rescue IOError, SystemCallError
+        true
+      end
+
+      def stop
+        run_hooks(:before_worker_shutdown, @index)
+        @server.stop(@options[:drain_timeout])
+        0
+      end
+
+      def halt
+        @server.halt
+        0
+      end
+
+      # One JSON line; skipped (not blocked on) when the master is not reading.
+      def checkin(booted: false)
+        stats = @server.stats
+        ProcessTitle.worker(@index, @options[:tag], stats)
+        line = JSON.generate(pid: Process.pid, index: @index, booted: booted, status: jsonable(stats))
+        @status_io.write_nonblock("#{line}\n", exception: false)
+      rescue IOError, SystemCallError
+        nil
+      end
+
+      # JSON has no Infinity/NaN: such figures travel as nil.
+      def jsonable(value)
+        case value
+        when Hash then value.transform_values { |v| jsonable(v) }
+        when Array then value.map { |v| jsonable(v) }
+        when Float then value.finite? ? value : nil
+        else value
+        end
+      end
+
+      def run_hooks(key, *args)
+        @options[key].each { |hook| hook.call(*args) }
+      end
+    end
+  end
+end

@@ -1,0 +1,191 @@
+# frozen_string_literal: true
+
+require "serval/launcher"
+require "serval/systemd"
+
+module Serval
+  # Single mode: one process loads the app, binds, runs the Server and then
+  # supervises: one loop reads commands (from signals or #enqueue) off the
+  # self-pipe and handles them in a single `case`.
+  class Single
+    STOPPER_JOIN_TIMEOUT = 5
+
+    attr_reader :options, :log_writer, :server, :binder, :app
+
+    def initialize(options, log_writer:, app: nil, signals: true, restart_argv: nil)
+      @options = options
+      @log_writer = log_writer
+      @app = app
+      @signals_on = signals
+      @restart_argv = restart_argv
+      @cwd = Dir.pwd
+      @signals = Signals.new
+      @state_mutex = Mutex.new
+      @state_cond = ConditionVariable.new
+      @state = :new
+      @status = 0
+    end
+
+    def run
+      @signals.install(Signals::MASTER.except("CHLD")) if @signals_on
+      boot
+      supervise
+      @status
+    rescue Exception # rubocop:disable Lint/RescueException
+      change_state(:failed) unless booted?
+      raise
+    ensure
+      cleanup
+    end
+
+    def enqueue(command)
+      @signals.push(command)
+    end
+
+    def booted?
+      @state == :booted
+    end
+
+    def wait_until_booted(timeout)
+      deadline = Launcher::Support.now + timeout
+      @state_mutex.synchronize do
+        while @state == :new
+          left = deadline - Launcher::Support.now
+          break if left <= 0
+
+          @state_cond.wait(@state_mutex, left)
+        end
+        @state == :booted
+      end
+    end
+
+    def urls
+      @binder ? @binder.urls : []
+    end
+
+    def stats
+      { started_at: @started_at }.merge(@server ? @server.stats.slice(*STAT_KEYS) : {})
+    end
+
+    STAT_KEYS = %i[backlog running pool_capacity busy_threads max_threads requests_count].freeze
+
+    private
+
+    def boot
+      Dir.chdir(@options[:directory]) if @options[:directory]
+      ENV["RACK_ENV"] = @options[:environment]
+      @log_writer.info("Serval #{VERSION} (ruby #{RUBY_VERSION}-p#{RUBY_PATCHLEVEL}) starting in single mode")
+      @log_writer.info("* Environment: #{@options[:environment]}")
+      @log_writer.info("* Threads: #{@options[:min_threads]}..#{@options[:max_threads]}")
+      @app ||= Launcher::Support.load_app(@options[:rackup])
+      @binder = Binder.new(backlog: @options[:backlog], log_writer: @log_writer)
+      @binder.bind(@options[:binds])
+      start_server
+      @pidfile = Launcher::Support.write_pidfile(@options[:pidfile])
+      ProcessTitle.master(@options[:binds], @options[:tag])
+      urls.each { |url| @log_writer.info("* Listening on #{url}") }
+      @log_writer.info("Use Ctrl-C to stop")
+      @started_at = Time.now.utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+      change_state(:booted)
+      Systemd.notify_ready
+    end
+
+    def start_server
+      require "serval/server"
+      @server = Server.new(@app, @options, log_writer: @log_writer)
+      @binder.listeners.each { |l| @server.listen(l.io, l.tls) }
+      @server.run
+      @watcher = Thread.new do
+        Thread.current.name = "serval-watcher"
+        @server.join
+        @signals.push(:stopped)
+      end
+    end
+
+    # The one place commands are handled; returns when the process should exit.
+    def supervise
+      loop do
+        @signals.wait(nil).each do |command|
+          @log_writer.debug("serval: command #{command}")
+          case command
+          when :stop then graceful_stop
+          when :halt then return fast_stop
+          when :stopped then return finished
+          when :restart then restart
+          when :reopen_logs then Launcher::Support.reopen_logs(@log_writer)
+          when :dump_threads then Launcher::Support.dump_threads(@log_writer)
+          when :phased_restart, :add_worker, :remove_worker
+            @log_writer.info("- #{command} needs cluster mode (workers > 0); ignored")
+          end
+        end
+      end
+    end
+
+    def graceful_stop
+      return if @stopper
+
+      Systemd.notify_stopping
+      @log_writer.info("- Gracefully stopping, waiting up to #{@options[:drain_timeout]}s for requests to finish")
+      @stopper = Thread.new do
+        Thread.current.name = "serval-stopper"
+        @server.stop(@options[:drain_timeout])
+      rescue Exception => e # rubocop:disable Lint/RescueException
+        @log_writer.exception(e, "serval: graceful stop failed")
+        @status = 1
+      ensure
+        @signals.push(:stopped)
+      end
+    end
+
+    def fast_stop
+      @log_writer.info("- Stopping now")
+      Systemd.notify_stopping
+      @halted = true
+      @server.halt
+    end
+
+    def finished
+      @halted = true unless @stopper # the server ended on its own
+      exec_restart if @restarting
+    end
+
+    # USR2: drain this server on copies of the listeners (the originals are
+    # closed by Server#stop), then exec; the kernel keeps queueing new
+    # connections on the inherited sockets meanwhile.
+    def restart
+      return @log_writer.info("- Hot restart is not available (no command to exec)") unless @restart_argv
+      return if @stopper
+
+      @binder.listeners.each { |l| l.io = l.io.dup }
+      @restarting = true
+      graceful_stop
+    end
+
+    def exec_restart
+      @watcher&.join(STOPPER_JOIN_TIMEOUT)
+      @stopper&.join(STOPPER_JOIN_TIMEOUT)
+      Launcher::Support.remove_pidfile(@pidfile)
+      @signals.close
+      Launcher::Support.exec_restart(@restart_argv, @cwd, @binder, @log_writer)
+    end
+
+    def cleanup
+      @server.halt if @server && !@stopper && !@halted
+
+      @stopper&.join(STOPPER_JOIN_TIMEOUT)
+      @watcher&.join(STOPPER_JOIN_TIMEOUT)
+      @binder&.close
+      Launcher::Support.remove_pidfile(@pidfile)
+      @signals.close
+      @log_writer.info("- Goodbye!") if @state == :booted
+      change_state(:stopped)
+    end
+
+    def change_state(state)
+      @state_mutex.synchronize do
+        @state = state
+        @state_cond.broadcast
+      end
+    end
+  end
+end
