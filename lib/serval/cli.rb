@@ -93,6 +93,7 @@ module Serval
         o.require_exact = true
         o.separator ""
         basic_options(o)
+        control_options(o)
         o.separator ""
         o.separator "Limits and timeouts (see docs/configuration.md):"
         LIMITS.each do |flag, (method, arg, help)|
@@ -118,6 +119,14 @@ module Serval
       o.on("--early-hints", "Let the app send 103 Early Hints") { @dsl.early_hints(true) }
       o.on("-V", "--version", "Print the version and exit") { done(@stdout.puts("Serval #{VERSION}")) }
       o.on("-h", "--help", "Show this help and exit") { done(@stdout.puts(o.help)) }
+    end
+
+    # docs/control.md
+    def control_options(o)
+      o.on("--control-url URL", "Serve the control app on unix://PATH or tcp://HOST:PORT") { |v| @dsl.control_url(v) }
+      o.on("--control-token TOKEN", "Control app token (default: generated and printed)") { |v| @dsl.control_auth_token(v) }
+      o.on("--metrics-bind URI", "Serve Prometheus /metrics on URI (no token)") { |v| @dsl.metrics_bind(v) }
+      o.on("-S", "--state PATH", "Write pid, control URL and token to PATH (YAML)") { |v| @dsl.state_path(v) }
     end
 
     def puma_options(o)

@@ -49,7 +49,11 @@ module Serval
       before_worker_boot: [].freeze,
       after_worker_boot: [].freeze,
       before_worker_shutdown: [].freeze,
-      after_worker_shutdown: [].freeze
+      after_worker_shutdown: [].freeze,
+      control_url: nil,
+      control_auth_token: nil,
+      metrics_bind: nil,
+      state_path: nil
     }.freeze
 
     # Cluster hooks => how many arguments their blocks receive.
@@ -97,7 +101,11 @@ module Serval
       worker_boot_timeout: [:seconds, 0.5, DAY],
       worker_check_interval: [:seconds, 0.05, 3600.0],
       before_fork: [:hooks], before_worker_boot: [:hooks], after_worker_boot: [:hooks],
-      before_worker_shutdown: [:hooks], after_worker_shutdown: [:hooks]
+      before_worker_shutdown: [:hooks], after_worker_shutdown: [:hooks],
+      control_url: [:bind_or_nil],
+      control_auth_token: [:string_or_nil],
+      metrics_bind: [:bind_or_nil],
+      state_path: [:string_or_nil]
     }.freeze
 
     # Default config files, tried in order (Puma's convention with our name).
@@ -162,6 +170,7 @@ module Serval
       when :workers then range(name, workers(name, value), min, max)
       when :bool_or_nil then value.nil? ? nil : bool(name, value)
       when :hooks then hooks(name, key, value)
+      when :bind_or_nil then value.nil? ? nil : binds(name, value).first
       end
     end
 

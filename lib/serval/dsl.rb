@@ -17,8 +17,8 @@ module Serval
       extra_runtime_dependencies wait_for_less_busy_worker silence_single_worker_warning
       silence_fork_callback_warning on_worker_fork after_worker_fork before_worker_fork on_restart
       before_restart on_refork before_refork after_refork on_booted after_booted on_stopped
-      after_stopped on_thread_start on_thread_exit before_thread_start before_thread_exit 
-      out_of_band activate_control_app state_path state_permission stdout_redirect queue_requests restart_command
+      after_stopped on_thread_start on_thread_exit before_thread_start before_thread_exit
+      out_of_band state_permission stdout_redirect queue_requests restart_command
       mutate_stdout_and_stderr_to_sync_on_write custom_logger log_formatter
       raise_exception_on_sigterm set_remote_address shutdown_debug clean_thread_locals
       max_fast_inline io_selector_backend enable_keep_alives supported_http_methods rack_url_scheme
@@ -30,7 +30,7 @@ module Serval
       max_request_line max_head max_headers max_body body_spill max_chunk_ext
       first_data_timeout read_timeout persistent_timeout write_timeout max_connections
       output_buffer max_keepalive_requests tmpdir drain_timeout thread_idle_timeout backlog
-      environment rackup directory pidfile tag
+      environment rackup directory pidfile tag state_path metrics_bind control_url control_auth_token
     ].freeze
 
     DEFAULT_HOST = "0.0.0.0"
@@ -158,6 +158,27 @@ module Serval
 
     def on_worker_shutdown(callable = nil, &block)
       hook(:before_worker_shutdown, :on_worker_shutdown, callable || block)
+    end
+
+    CONTROL_KEYS = %i[auth_token no_token data_only].freeze
+
+    # Puma's control app (docs/control.md). A token is always required: give
+    # auth_token, or one is generated and printed at boot.
+    def activate_control_app(url = nil, opts = {})
+      if url.nil? || url == "auto"
+        raise ConfigError, "activate_control_app: give a URL (unix://PATH or tcp://HOST:PORT)"
+      end
+
+      opts = opts.transform_keys(&:to_sym)
+      unknown = opts.keys - CONTROL_KEYS
+      raise ConfigError, "activate_control_app: unknown option `#{unknown.first}`" unless unknown.empty?
+      if opts[:no_token]
+        raise ConfigError, "activate_control_app: no_token is not supported (the control app always requires a token)"
+      end
+
+      @warn.call("serval: activate_control_app: data_only is not supported and is ignored") if opts.key?(:data_only)
+      set(:control_url, url, name: :activate_control_app)
+      set(:control_auth_token, opts[:auth_token], name: "activate_control_app: auth_token") if opts[:auth_token]
     end
 
     UNSUPPORTED.each do |name|

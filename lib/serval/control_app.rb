@@ -1,0 +1,116 @@
+# frozen_string_literal: true
+
+require "json"
+require "rack/utils"
+
+module Serval
+  # The control app: a Rack app answering GET /<command>?token=TOKEN with
+  # JSON. Served by a one-thread Server in the master (or single) process;
+  # see Serval::Control and docs/control.md.
+  #
+  #   app = Serval::ControlApp.new(launcher, token: "s3cret")
+  #   app.call(env) # => [200, {...}, ['{"backlog":0,...}']]
+  class ControlApp
+    # path => [launcher command, what the answer says]
+    COMMANDS = {
+      "/stop" => :stop,
+      "/halt" => :halt,
+      "/restart" => :restart,
+      "/phased-restart" => :phased_restart,
+      "/reopen-logs" => :reopen_logs
+    }.freeze
+
+    QUERIES = {
+      "/stats" => :stats,
+      "/thread-backtraces" => :thread_backtraces,
+      "/gc-stats" => :gc_stats,
+      "/gvl-trace" => :gvl_trace
+    }.freeze
+
+    MAX_TRACE_SECONDS = 60
+
+    def initialize(launcher, token:)
+      raise ArgumentError, "a control token is required" if token.nil? || token.empty?
+
+      @launcher = launcher
+      @token = token
+    end
+
+    def call(env)
+      return answer(405, error: "only GET is supported") unless %w[GET HEAD].include?(env["REQUEST_METHOD"])
+
+      params = Rack::Utils.parse_query(env["QUERY_STRING"].to_s)
+      return answer(403, error: "invalid or missing token") unless token_ok?(params["token"])
+
+      path = env["PATH_INFO"].to_s
+      if (command = COMMANDS[path])
+        run_command(command)
+      elsif (query = QUERIES[path])
+        send(query, params)
+      else
+        answer(404, error: "unknown command #{path}")
+      end
+    rescue StandardError => e
+      answer(500, error: "#{e.class}: #{e.message}")
+    end
+
+    private
+
+    def token_ok?(given)
+      given.is_a?(String) && given.bytesize == @token.bytesize && Rack::Utils.secure_compare(given, @token)
+    end
+
+    def run_command(command)
+      if @launcher.enqueue(command) == false
+        answer(501, error: "#{command} is not supported in this mode")
+      else
+        answer(200, status: "ok", command: command)
+      end
+    end
+
+    def stats(_params)
+      answer(200, @launcher.stats)
+    end
+
+    def thread_backtraces(_params)
+      answer(200, @launcher.thread_backtraces)
+    end
+
+    def gc_stats(_params)
+      answer(200, GC.stat)
+    end
+
+    def gvl_trace(params)
+      return answer(501, error: "GVL tracing is not available in this build") unless gvl_trace_class
+
+      seconds = Float(params.fetch("seconds", "1"), exception: false)
+      unless seconds&.positive? && seconds <= MAX_TRACE_SECONDS
+        return answer(400, error: "seconds must be a number in (0, #{MAX_TRACE_SECONDS}]")
+      end
+
+      answer(200, gvl_trace_class.record(seconds))
+    rescue NotImplementedError => e
+      answer(501, error: e.message)
+    end
+
+    def gvl_trace_class
+      Serval.const_defined?(:GVLTrace) ? Serval.const_get(:GVLTrace) : nil
+    end
+
+    # JSON has no Infinity/NaN (histogram buckets end at +Inf): send them as strings.
+    def jsonable(value)
+      case value
+      when Hash then value.transform_values { |v| jsonable(v) }
+      when Array then value.map { |v| jsonable(v) }
+      when Float then value.finite? ? value : value.to_s.sub("Infinity", "Inf").sub(/\AInf/, "+Inf")
+      else value
+      end
+    end
+
+    def answer(status, body)
+      json = JSON.generate(jsonable(body))
+      [status, { "content-type" => "application/json", "cache-control" => "no-store",
+                 "content-length" => json.bytesize.to_s }, [json]]
+    end
+  end
+end
