@@ -11,6 +11,7 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include "serval.h"
+#include "tls.h"
 
 sv_conn *sv_conn_new(sv_core *core, int fd, sv_listener *l)
 {
@@ -43,6 +44,8 @@ void sv_conn_close_fd(sv_conn *c)
 
 void sv_conn_free(sv_conn *c)
 {
+    if (c->tls)
+        sv_tls_conn_free(c);
     close_if_open(&c->fd);
     close_if_open(&c->body_fd);
     close_if_open(&c->file_fd);
@@ -79,6 +82,8 @@ void sv_conn_reset_request(sv_conn *c)
 
 int sv_conn_flush(sv_conn *c)
 {
+    if (c->tls)
+        return sv_tls_flush(c);
     while (c->out.off < c->out.len) {
         ssize_t n = send(c->fd, c->out.data + c->out.off, c->out.len - c->out.off, MSG_NOSIGNAL);
         if (n > 0) {
@@ -113,7 +118,7 @@ void sv_loop_arm(sv_conn *c, uint32_t events)
 {
     struct epoll_event ev;
     memset(&ev, 0, sizeof(ev));
-    ev.events = events | EPOLLONESHOT;
+    ev.events = (c->tls ? sv_tls_events(c, events) : events) | EPOLLONESHOT;
     ev.data.ptr = c;
     epoll_ctl(c->core->epfd, EPOLL_CTL_MOD, c->fd, &ev);
 }
@@ -122,6 +127,8 @@ void sv_loop_arm(sv_conn *c, uint32_t events)
 void sv_conn_give_to_loop_dead(sv_conn *c)
 {
     sv_core *core = c->core;
+    if (c->tls)
+        sv_tls_close_notify(c);
     close_if_open(&c->fd);
     pthread_mutex_lock(&core->mu);
     atomic_store(&c->owner, SV_OWN_DEAD);
@@ -173,6 +180,8 @@ void sv_conn_response_done(sv_conn *c)
     if (!c->keep_alive || c->close_after) {
         if (c->in.len > c->consumed) {
             /* unread pipelined input: lingering close so the peer gets our bytes */
+            if (c->tls)
+                sv_tls_close_notify(c);
             shutdown(c->fd, SHUT_WR);
             c->in.len = 0;
             hand_to_loop(c, SV_ST_LINGER, SV_LINGER_SECONDS, EPOLLIN);

@@ -7,6 +7,7 @@
 #include <ruby/thread.h>
 #include "serval.h"
 #include "serval_ruby.h"
+#include "tls.h"
 
 VALUE sv_cCore;
 
@@ -26,6 +27,9 @@ void sv_core_unref(sv_core *core)
 {
     sv_core_box *box = (sv_core_box *)core;
     if (atomic_fetch_sub(&box->refs, 1) == 1) {
+        for (int i = 0; i < box->core.nlisteners; i++)
+            if (box->core.listeners[i].tls_ctx)
+                sv_tls_ctx_free(box->core.listeners[i].tls_ctx);
         sv_core_destroy(&box->core);
         pthread_mutex_destroy(&box->core.mu);
         pthread_cond_destroy(&box->core.cv);
@@ -140,8 +144,11 @@ static VALUE core_initialize(int argc, VALUE *argv, VALUE self)
     return self;
 }
 
-static VALUE core_listen(VALUE self, VALUE fd, VALUE name, VALUE port)
+/* listen(fd, server_name, server_port, tls_context = nil) */
+static VALUE core_listen(int argc, VALUE *argv, VALUE self)
 {
+    VALUE fd, name, port, tls;
+    rb_scan_args(argc, argv, "31", &fd, &name, &port, &tls);
     sv_core *core = sv_core_get(self);
     if (core->started)
         rb_raise(rb_eRuntimeError, "listen before start");
@@ -155,6 +162,7 @@ static VALUE core_listen(VALUE self, VALUE fd, VALUE name, VALUE port)
     l->fd = NUM2INT(fd);
     l->port = NUM2INT(port);
     strcpy(l->name, n);
+    l->tls_ctx = NIL_P(tls) ? NULL : sv_tls_ctx_get(tls);
     core->nlisteners++;
     return Qnil;
 }
@@ -327,7 +335,7 @@ void sv_init_core(VALUE mNative)
     sv_cCore = rb_define_class_under(mNative, "Core", rb_cObject);
     rb_define_alloc_func(sv_cCore, core_alloc);
     rb_define_method(sv_cCore, "initialize", core_initialize, -1);
-    rb_define_method(sv_cCore, "listen", core_listen, 3);
+    rb_define_method(sv_cCore, "listen", core_listen, -1);
     rb_define_method(sv_cCore, "start", core_start, 0);
     rb_define_method(sv_cCore, "next", core_next, 1);
     rb_define_method(sv_cCore, "drain", core_drain, 0);

@@ -7,7 +7,7 @@
 #define SV_KEY_STACK 256
 
 static VALUE k_method, k_path, k_query, k_uri, k_proto, k_name, k_port, k_remote,
-    k_ctype, k_clen, k_cookie, v_http10, v_http11, v_empty, v_port80;
+    k_ctype, k_clen, k_cookie, v_http10, v_http11, v_empty, v_port80, k_scheme, k_https, v_https, v_on, v_port443;
 
 /* Frequent header names map straight to their env key. */
 static const char *common_headers[] = {
@@ -64,6 +64,11 @@ void sv_init_env(void)
     v_http11 = fstr("HTTP/1.1");
     v_empty = fstr("");
     v_port80 = fstr("80");
+    k_scheme = fstr("rack.url_scheme");
+    k_https = fstr("HTTPS");
+    v_https = fstr("https");
+    v_on = fstr("on");
+    v_port443 = fstr("443");
     for (int i = 0; common_headers[i] && i < SV_COMMON_MAX; i++) {
         common_lens[i] = strlen(common_headers[i]);
         common_keys[i] = header_key_build(common_headers[i], common_lens[i]);
@@ -150,7 +155,7 @@ static void add_server_name(VALUE env, sv_conn *c)
     if (colon + 1 < n)
         rb_hash_aset(env, k_port, bin(h + colon + 1, n - colon - 1));
     else
-        rb_hash_aset(env, k_port, v_port80);
+        rb_hash_aset(env, k_port, c->tls ? v_port443 : v_port80);
 }
 
 VALUE sv_build_env(sv_conn *c, VALUE tmpl)
@@ -164,6 +169,10 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl)
     rb_hash_aset(env, k_proto, r->minor_version ? v_http11 : v_http10);
     rb_hash_aset(env, k_remote, rb_str_new_cstr(c->remote));
     add_server_name(env, c);
+    if (c->tls) {
+        rb_hash_aset(env, k_scheme, v_https);
+        rb_hash_aset(env, k_https, v_on);
+    }
     for (size_t i = 0; i < r->num_headers; i++)
         add_header(env, r, &r->headers[i]);
     return env;

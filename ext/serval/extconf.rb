@@ -7,6 +7,14 @@ have_header("sys/eventfd.h") or abort "serval needs sys/eventfd.h"
 have_header("sys/sendfile.h") or abort "serval needs sys/sendfile.h"
 have_func("accept4", "sys/socket.h")
 have_library("pthread")
+# TLS (tls.c) when OpenSSL's headers and libraries are present; without them
+# the build succeeds and an ssl:// bind fails at boot with a clear message.
+if have_header("openssl/ssl.h") && have_library("crypto", "ERR_get_error") &&
+   have_library("ssl", "SSL_CTX_new")
+  have_func("SSL_has_pending", "openssl/ssl.h")
+else
+  $defs.delete("-DHAVE_OPENSSL_SSL_H")
+end
 
 $CFLAGS << " -std=gnu11 -O2 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers"
 $CFLAGS << " -Werror" unless ENV["SERVAL_NO_WERROR"]

@@ -17,6 +17,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include "serval.h"
+#include "tls.h"
 
 static const char *status_reason(int status)
 {
@@ -169,6 +170,10 @@ static void do_accept(sv_core *core, sv_listener *l)
             continue;
         }
         format_remote(c, &ss);
+        if (l->tls_ctx && sv_tls_conn_init(c, l->tls_ctx) != 0) {
+            conn_destroy(c);
+            continue;
+        }
         c->deadline = sv_now() + core->opt.first_data_timeout;
         atomic_fetch_add(&core->accepted, 1);
         struct epoll_event ev;
@@ -184,6 +189,8 @@ static void do_accept(sv_core *core, sv_listener *l)
 
 static void linger_start(sv_conn *c)
 {
+    if (c->tls)
+        sv_tls_close_notify(c);
     shutdown(c->fd, SHUT_WR);
     c->state = SV_ST_LINGER;
     c->in.len = 0;
@@ -335,7 +342,7 @@ static void send_continue(sv_conn *c)
 {
     static const char msg[] = "HTTP/1.1 100 Continue\r\n\r\n";
     if (c->req->minor_version >= 1)
-        (void)!send(c->fd, msg, sizeof(msg) - 1, MSG_NOSIGNAL);
+        (void)!sv_io_write(c, msg, sizeof(msg) - 1);
 }
 
 /* Chunked body: decode what is buffered after the head. */
@@ -445,7 +452,7 @@ void sv_loop_process_input(sv_conn *c)
 static int read_into(sv_conn *c, char *p, size_t n)
 {
     for (;;) {
-        ssize_t got = read(c->fd, p, n);
+        ssize_t got = sv_io_read(c, p, n);
         if (got > 0)
             return (int)got;
         if (got < 0 && errno == EINTR)

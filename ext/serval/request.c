@@ -94,7 +94,7 @@ static void *flush_nogvl(void *p)
             a->result = 1;
             return NULL;
         }
-        struct pollfd pfd = {c->fd, POLLOUT, 0};
+        struct pollfd pfd = {c->fd, c->tls && c->tls_want == EPOLLIN ? POLLIN : POLLOUT, 0};
         int ms = (int)(c->core->opt.write_timeout * 1000);
         int pr = poll(&pfd, 1, ms);
         if (pr == 0) {
@@ -258,6 +258,8 @@ static VALUE req_hijack(VALUE self)
 {
     sv_req *r = get(self);
     sv_conn *c = conn_of(self);
+    if (c->tls)
+        rb_raise(sv_eConnectionError, "hijack is not supported on TLS connections");
     if (pending(c) > 0)
         flush_blocking(self, c, 0);
     epoll_ctl(c->core->epfd, EPOLL_CTL_DEL, c->fd, NULL);

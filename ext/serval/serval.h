@@ -52,6 +52,7 @@ typedef struct sv_listener {
     int fd;
     int port;
     char name[256];
+    void *tls_ctx;               /* SSL_CTX* of an ssl:// listener (one reference), or NULL */
 } sv_listener;
 
 typedef struct sv_core sv_core;
@@ -66,6 +67,9 @@ typedef struct sv_conn {
     uint32_t slot;               /* index in core->conns */
     sv_listener *listener;
     char remote[SV_REMOTE_MAX];
+    void *tls;                   /* SSL* on a TLS connection, else NULL (tls.h) */
+    uint32_t tls_want;           /* epoll event OpenSSL waits for, or 0 */
+    int tls_state;               /* handshake 0, open 1, failed -1 */
 
     /* request side */
     sv_buf in;                   /* raw bytes; the head stays at the front while the request lives */

@@ -17,5 +17,6 @@ void Init_serval_ext(void)
     sv_init_env();
     sv_init_core(mNative);
     sv_init_request(mNative);
+    sv_init_tls(mNative);
     rb_define_const(mNative, "HEADERS_CAP", INT2NUM(SV_HEADERS_CAP));
 }

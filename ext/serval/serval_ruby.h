@@ -14,6 +14,8 @@ VALUE sv_request_new(VALUE core_obj, sv_core *core, sv_conn *conn);
 void sv_init_core(VALUE mNative);
 void sv_init_request(VALUE mNative);
 void sv_init_env(void);
+void sv_init_tls(VALUE mNative);
+void *sv_tls_ctx_get(VALUE tls_context);
 VALUE sv_build_env(sv_conn *c, VALUE tmpl);
 int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw);
 

@@ -1,0 +1,216 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require "openssl"
+require "net/http"
+require "tmpdir"
+require "serval/binder"
+require "serval/server"
+
+# ssl:// listeners: the native core does the TLS handshake, reads and writes.
+class TLSTest < Minitest::Test
+  APP = lambda do |env|
+    case env["PATH_INFO"]
+    when "/echo"
+      body = env["rack.input"].read
+      [200, { "content-type" => "text/plain" }, ["#{env['REQUEST_METHOD']} #{body.bytesize} #{body[0, 16]}"]]
+    when "/env"
+      [200, { "content-type" => "text/plain" }, ["#{env['rack.url_scheme']} #{env['HTTPS']} #{env['SERVER_PORT']}"]]
+    when "/big"
+      [200, { "content-type" => "application/octet-stream" }, ["x" * (1024 * 1024)]]
+    when "/file"
+      [200, { "content-type" => "application/octet-stream" }, FileBody.new(env["test.file"] || FILE_PATH.value)]
+    else
+      [200, { "content-type" => "text/plain" }, ["hello"]]
+    end
+  end
+
+  # Rack body served with sendfile when the response writer sees to_path.
+  class FileBody
+    def initialize(path)
+      @path = path
+    end
+
+    def to_path
+      @path
+    end
+
+    def each
+      yield File.binread(@path)
+    end
+  end
+
+  FILE_PATH = Struct.new(:value).new(nil)
+
+  def self.certificate(dir)
+    key = OpenSSL::PKey::RSA.new(2048)
+    cert = OpenSSL::X509::Certificate.new
+    cert.version = 2
+    cert.serial = 1
+    cert.subject = cert.issuer = OpenSSL::X509::Name.parse("/CN=localhost")
+    cert.public_key = key.public_key
+    cert.not_before = Time.now - 60
+    cert.not_after = Time.now + 3600
+    ext = OpenSSL::X509::ExtensionFactory.new(cert, cert)
+    cert.add_extension(ext.create_extension("subjectAltName", "DNS:localhost,IP:127.0.0.1"))
+    cert.add_extension(ext.create_extension("basicConstraints", "CA:TRUE", true))
+    cert.sign(key, OpenSSL::Digest.new("SHA256"))
+    File.write(File.join(dir, "cert.pem"), cert.to_pem)
+    File.write(File.join(dir, "key.pem"), key.to_pem)
+    [File.join(dir, "cert.pem"), File.join(dir, "key.pem")]
+  end
+
+  def setup
+    skip "serval was built without OpenSSL" unless defined?(Serval::Native::TLSContext)
+    @dir = Dir.mktmpdir("serval-tls-")
+    @cert, @key = self.class.certificate(@dir)
+    FILE_PATH.value = File.join(@dir, "file.bin")
+    File.binwrite(FILE_PATH.value, Random.new(7).bytes(100 * 1024))
+  end
+
+  def teardown
+    FileUtils.rm_rf(@dir) if @dir
+  end
+
+  # A Server with one ssl:// listener on 127.0.0.1 (Rack::Lint around the app).
+  def with_tls_server(app = APP, params: "", **opts)
+    require "rack"
+    require "rack/lint"
+    options = Serval::Configuration::DEFAULTS.merge(opts).freeze
+    binder = Serval::Binder.new(backlog: 64)
+    listener = binder.bind(["ssl://127.0.0.1:0?cert=#{@cert}&key=#{@key}#{params}"]).first
+    log = Serval::LogWriter.new(stdout: StringIO.new, stderr: StringIO.new)
+    server = Serval::Server.new(Rack::Lint.new(app), options, log_writer: log)
+    server.listen(listener.io, listener.tls)
+    server.run
+    yield listener.io.local_address.ip_port, listener
+  ensure
+    server&.stop(5)
+    binder&.close
+  end
+
+  def http(port, verify: :ca)
+    h = Net::HTTP.new("127.0.0.1", port)
+    h.use_ssl = true
+    if verify == :ca
+      h.verify_mode = OpenSSL::SSL::VERIFY_PEER
+      h.ca_file = @cert
+    else
+      h.verify_mode = OpenSSL::SSL::VERIFY_NONE
+    end
+    h.open_timeout = h.read_timeout = 10
+    h
+  end
+
+  def test_get_post_and_env_over_tls
+    with_tls_server do |port, listener|
+      assert_equal "ssl://127.0.0.1:#{port}", listener.url
+      h = http(port)
+      h.start do
+        assert_equal "hello", h.get("/").body
+        assert_equal "https on #{port}", h.get("/env").body
+        body = "p" * 200_000
+        res = h.post("/echo", body, "content-type" => "text/plain")
+        assert_equal "POST 200000 pppppppppppppppp", res.body
+      end
+    end
+  end
+
+  def test_keep_alive_reuses_one_tls_session
+    with_tls_server do |port|
+      h = http(port, verify: :none)
+      h.start do
+        sockets = 5.times.map do
+          assert_equal "hello", h.get("/").body
+          h.instance_variable_get(:@socket).io.object_id
+        end
+        assert_equal 1, sockets.uniq.size
+      end
+    end
+  end
+
+  def test_one_megabyte_response
+    with_tls_server do |port|
+      res = http(port).start { |h| h.get("/big") }
+      assert_equal 1024 * 1024, res.body.bytesize
+      assert_equal 1024 * 1024, res["content-length"].to_i
+    end
+  end
+
+  def test_to_path_file_over_tls
+    with_tls_server do |port|
+      h = http(port)
+      h.start do
+        2.times do
+          res = h.get("/file")
+          assert_equal File.binread(FILE_PATH.value), res.body
+        end
+      end
+    end
+  end
+
+  def test_pipelined_requests_over_tls
+    with_tls_server do |port|
+      tcp = TCPSocket.new("127.0.0.1", port)
+      ctx = OpenSSL::SSL::SSLContext.new
+      ctx.verify_mode = OpenSSL::SSL::VERIFY_NONE
+      ssl = OpenSSL::SSL::SSLSocket.new(tcp, ctx)
+      ssl.sync_close = true
+      ssl.connect
+      ssl.write("GET / HTTP/1.1\r\nhost: a\r\n\r\n" * 3 + "GET / HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n")
+      out = ssl.read
+      assert_equal 4, out.scan("HTTP/1.1 200").size
+    ensure
+      ssl&.close
+    end
+  end
+
+  def test_plain_http_on_tls_port_is_closed
+    with_tls_server do |port|
+      out = raw_request(port, "GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+      refute_match(/HTTP\/1\.1 200/, out)
+      # and the server still serves TLS clients
+      assert_equal "hello", http(port).start { |h| h.get("/").body }
+    end
+  end
+
+  def test_silent_client_is_closed_after_first_data_timeout
+    with_tls_server(first_data_timeout: 0.2) do |port|
+      socket = TCPSocket.new("127.0.0.1", port)
+      assert socket.wait_readable(5), "no close within 5 s"
+      assert_nil socket.read_nonblock(1, exception: false)
+    ensure
+      socket&.close
+    end
+  end
+
+  def test_limits_apply_over_tls
+    with_tls_server(max_body: 1000) do |port|
+      res = http(port).start { |h| h.post("/echo", "y" * 5000, "content-type" => "text/plain") }
+      assert_equal "413", res.code
+    end
+  end
+
+  def test_verify_peer_requires_a_client_certificate
+    with_tls_server(params: "&verify_mode=peer&ca=#{@cert}") do |port|
+      assert_raises(OpenSSL::SSL::SSLError, EOFError, Errno::ECONNRESET) do
+        http(port).start { |h| h.get("/") }
+      end
+      h = http(port)
+      h.cert = OpenSSL::X509::Certificate.new(File.read(@cert))
+      h.key = OpenSSL::PKey.read(File.read(@key))
+      assert_equal "hello", h.start { |c| c.get("/").body }
+    end
+  end
+
+  def test_bad_certificate_path_fails_at_bind_naming_it
+    uri = "ssl://127.0.0.1:0?cert=#{@dir}/missing.pem&key=#{@key}"
+    error = assert_raises(Serval::ConfigError) { Serval::Binder.new.bind([uri]) }
+    assert_includes error.message, "bind #{uri}"
+    assert_match(/certificate .*missing\.pem: No such file or directory/, error.message)
+    File.write(File.join(@dir, "junk.pem"), "junk")
+    uri = "ssl://127.0.0.1:0?cert=#{@dir}/junk.pem&key=#{@key}"
+    error = assert_raises(Serval::ConfigError) { Serval::Binder.new.bind([uri]) }
+    assert_match(/bind .*junk\.pem.*: certificate .*junk\.pem: /, error.message)
+  end
+end
