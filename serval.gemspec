@@ -14,7 +14,7 @@ Gem::Specification.new do |spec|
 
   spec.files = Dir["lib/**/*.rb", "ext/**/*.{c,h,rb}", "exe/*", "README.md", "docs/*.md", "CHANGELOG.md"]
   spec.bindir = "exe"
-  spec.executables = ["serval"]
+  spec.executables = ["serval", "servalctl"]
   spec.require_paths = ["lib"]
   spec.extensions = ["ext/serval/extconf.rb"]
 

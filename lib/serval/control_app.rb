@@ -29,11 +29,14 @@ module Serval
 
     MAX_TRACE_SECONDS = 60
 
-    def initialize(launcher, token:)
+    # gvl_trace: the class answering record(seconds); nil looks up
+    # Serval::GVLTrace at each request, false disables the endpoint.
+    def initialize(launcher, token:, gvl_trace: nil)
       raise ArgumentError, "a control token is required" if token.nil? || token.empty?
 
       @launcher = launcher
       @token = token
+      @gvl_trace = gvl_trace
     end
 
     def call(env)
@@ -94,6 +97,8 @@ module Serval
     end
 
     def gvl_trace_class
+      return @gvl_trace unless @gvl_trace.nil?
+
       Serval.const_defined?(:GVLTrace) ? Serval.const_get(:GVLTrace) : nil
     end
 

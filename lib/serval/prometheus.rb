@@ -111,7 +111,8 @@ module Serval
 
     def histogram_lines(name, labels, hist)
       out = +""
-      buckets = hist[:buckets].to_a
+      # from a worker's JSON check-in the +Inf bound arrives as nil or "+Inf"
+      buckets = hist[:buckets].to_a.map { |le, n| [le.is_a?(Numeric) ? le : Float::INFINITY, n] }
       buckets += [[Float::INFINITY, hist[:count]]] unless buckets.last&.first == Float::INFINITY
       buckets.each do |le, count|
         out << sample("#{name}_bucket", labels.merge(le: number(le)), count)

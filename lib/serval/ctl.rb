@@ -1,0 +1,188 @@
+# frozen_string_literal: true
+
+require "json"
+require "optparse"
+require "socket"
+require "uri"
+require "serval/version"
+require "serval/errors"
+
+module Serval
+  # `servalctl`: talks to a running server's control app (docs/control.md).
+  #
+  #   servalctl --control-url unix:///run/app/ctl.sock --control-token T stats
+  #   servalctl -S tmp/serval.state stop
+  #   servalctl -C config/serval.rb gvl-trace --seconds 2
+  #
+  # Exit status: 0 done, 1 the server answered with an error, 2 usage or
+  # configuration error, 3 the server could not be reached.
+  class Ctl
+    COMMANDS = %w[stats status stop halt restart phased-restart reopen-logs thread-backtraces gc-stats
+                  gvl-trace].freeze
+    CONNECT_TIMEOUT = 5
+    READ_TIMEOUT = 15
+
+    class Unreachable < StandardError; end
+
+    def initialize(argv, stdout: $stdout, stderr: $stderr)
+      @argv = argv.dup
+      @stdout = stdout
+      @stderr = stderr
+      @url = nil
+      @token = nil
+      @state = nil
+      @config = nil
+      @seconds = nil
+    end
+
+    def run
+      command = parse
+      return 0 if command == :done
+
+      resolve_target
+      status, body = request(path_for(command))
+      return report_error(command, status, body) unless status == 200
+
+      show(command, JSON.parse(body))
+      0
+    rescue OptionParser::ParseError, ConfigError => e
+      @stderr.puts("servalctl: #{e.message}")
+      2
+    rescue Unreachable => e
+      @stderr.puts("servalctl: cannot reach the server at #{@url}: #{e.message}")
+      3
+    end
+
+    private
+
+    def parse
+      rest = parser.parse(@argv)
+      return :done if @done
+      raise OptionParser::InvalidArgument, "give one command: #{COMMANDS.join(' ')}" unless rest.size == 1
+      raise OptionParser::InvalidArgument, "unknown command #{rest.first}" unless COMMANDS.include?(rest.first)
+
+      rest.first
+    end
+
+    def parser
+      OptionParser.new do |o|
+        o.banner = "Usage: servalctl [options] #{COMMANDS.join('|')}"
+        o.on("--control-url URL", "unix://PATH or tcp://HOST:PORT") { |v| @url = v }
+        o.on("--control-token TOKEN", "The control app's token") { |v| @token = v }
+        o.on("-S", "--state PATH", "Read the URL and token from a state file") { |v| @state = v }
+        o.on("-C", "--config FILE", "Read control_url, token and state_path from a config file") { |v| @config = v }
+        o.on("--seconds N", Float, "gvl-trace: how long to record (default 1)") { |v| @seconds = v }
+        o.on("-V", "--version", "Print the version") { done(@stdout.puts("servalctl #{VERSION}")) }
+        o.on("-h", "--help", "Show this help") { done(@stdout.puts(o.help)) }
+      end
+    end
+
+    def done(_)
+      @done = true
+    end
+
+    # Flags win; then the state file (-S, or the config's state_path); then
+    # the config's control_url and control_auth_token.
+    def resolve_target
+      options = load_config if @config || !(@url && @token) && !@state
+      state_path = @state || options&.dig(:state_path)
+      if state_path && !(@url && @token)
+        require "serval/state_file"
+        state = StateFile.new(state_path).read
+        @url ||= state["control_url"]
+        @token ||= state["control_auth_token"]
+      end
+      @url ||= options&.dig(:control_url)
+      @token ||= options&.dig(:control_auth_token)
+      raise ConfigError, "no control URL: give --control-url, -S STATE or -C CONFIG" unless @url
+      raise ConfigError, "no control token: give --control-token or a state file" unless @token
+    end
+
+    def load_config
+      require "serval/configuration"
+      Configuration.load(config_file: @config, warn: ->(_) {})
+    rescue ConfigError
+      raise if @config
+
+      nil
+    end
+
+    def path_for(command)
+      query = URI.encode_www_form({ token: @token, seconds: (@seconds if command == "gvl-trace") }.compact)
+      "/#{command == 'status' ? 'stats' : command}?#{query}"
+    end
+
+    # One GET over a fresh connection; returns [status, body].
+    def request(path)
+      socket = connect
+      socket.write("GET #{path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+      response = read_all(socket, READ_TIMEOUT + @seconds.to_f)
+      head, body = response.split("\r\n\r\n", 2)
+      status = head.to_s[%r{\AHTTP/1\.[01] (\d{3})}, 1]
+      raise Unreachable, "no HTTP response" unless status
+
+      [status.to_i, body.to_s]
+    ensure
+      socket&.close
+    end
+
+    def connect
+      case @url
+      when %r{\Aunix://(.+)\z} then UNIXSocket.new(Regexp.last_match(1))
+      when %r{\Atcp://\[?([^\]]+?)\]?:(\d+)\z}
+        Socket.tcp(Regexp.last_match(1), Regexp.last_match(2).to_i, connect_timeout: CONNECT_TIMEOUT)
+      else raise ConfigError, "control URL #{@url}: expected unix://PATH or tcp://HOST:PORT"
+      end
+    rescue SystemCallError, SocketError => e
+      raise Unreachable, e.message
+    end
+
+    def read_all(socket, timeout)
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
+      out = +""
+      loop do
+        left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        raise Unreachable, "no answer within #{timeout.round}s" if left <= 0 || !socket.wait_readable(left)
+
+        chunk = socket.read_nonblock(65_536, exception: false)
+        return out if chunk.nil?
+
+        out << chunk unless chunk == :wait_readable
+      end
+    rescue SystemCallError => e
+      raise Unreachable, e.message
+    end
+
+    def report_error(command, status, body)
+      message = (JSON.parse(body)["error"] rescue body) # rubocop:disable Style/RescueModifier
+      @stderr.puts("servalctl: #{command} failed: #{status} #{message}")
+      1
+    end
+
+    def show(command, data)
+      case command
+      when "status" then @stdout.puts(status_line(data))
+      when "thread-backtraces" then show_backtraces(data)
+      when "stats", "gc-stats", "gvl-trace" then @stdout.puts(JSON.pretty_generate(data))
+      else @stdout.puts("#{command}: sent")
+      end
+    end
+
+    def status_line(stats)
+      if stats["worker_status"]
+        "serval is running (cluster, phase #{stats['phase']}): #{stats['booted_workers']}/#{stats['workers']} " \
+          "workers booted, started #{stats['started_at']}"
+      else
+        "serval is running (single): #{stats['busy_threads']}/#{stats['max_threads']} threads busy, " \
+          "backlog #{stats['backlog']}, #{stats['requests_count']} requests, started #{stats['started_at']}"
+      end
+    end
+
+    def show_backtraces(data)
+      data.each do |name, frames|
+        @stdout.puts("#{name}:")
+        Array(frames).each { |frame| @stdout.puts("    #{frame}") }
+      end
+    end
+  end
+end

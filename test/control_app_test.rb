@@ -1,0 +1,252 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require "json"
+require "tmpdir"
+require "yaml"
+require "rack/lint"
+require "rack/mock"
+require "serval/control_app"
+require "serval/control"
+require "serval/launcher"
+
+# The control app: every endpoint through #call, then served for real by
+# Serval::Control on a unix socket, and wired into an in-process Launcher.
+class ControlAppTest < Minitest::Test
+  TOKEN = "t0ken"
+
+  # Stands in for Serval::Launcher.
+  class FakeLauncher
+    attr_reader :commands, :options, :log_writer
+
+    def initialize(options = {}, log_writer = nil)
+      @commands = Queue.new
+      @options = options
+      @log_writer = log_writer
+    end
+
+    def stats
+      { started_at: "2026-01-01T00:00:00Z", backlog: 0, running: 2, pool_capacity: 2, busy_threads: 0,
+        max_threads: 2, requests_count: 7 }
+    end
+
+    def enqueue(command)
+      @commands << command
+      true
+    end
+
+    def thread_backtraces
+      { "main (run)" => ["a.rb:1", "b.rb:2"] }
+    end
+
+    def wait_until_booted(_timeout)
+      true
+    end
+  end
+
+  FakeTrace = Struct.new(:seen) do
+    def record(seconds)
+      self.seen = seconds
+      { seconds: seconds, threads: [] }
+    end
+  end
+
+  def setup
+    @launcher = FakeLauncher.new
+    @app = Rack::Lint.new(Serval::ControlApp.new(@launcher, token: TOKEN, gvl_trace: false))
+  end
+
+  def get(path, query = "token=#{TOKEN}", app: @app, method: "GET")
+    env = Rack::MockRequest.env_for("http://localhost#{path}?#{query}", method: method)
+    status, headers, body = app.call(env)
+    text = +""
+    body.each { |chunk| text << chunk }
+    body.close if body.respond_to?(:close)
+    [status, headers, text.empty? ? nil : JSON.parse(text)]
+  end
+
+  def test_stats
+    status, headers, json = get("/stats")
+    assert_equal 200, status
+    assert_equal "application/json", headers["content-type"]
+    assert_equal 7, json["requests_count"]
+    assert_equal %w[started_at backlog running pool_capacity busy_threads max_threads requests_count], json.keys
+  end
+
+  def test_thread_backtraces_and_gc_stats
+    _, _, json = get("/thread-backtraces")
+    assert_equal({ "main (run)" => ["a.rb:1", "b.rb:2"] }, json)
+    status, _, json = get("/gc-stats")
+    assert_equal 200, status
+    assert_kind_of Integer, json["count"]
+    assert json.key?("heap_live_slots")
+  end
+
+  def test_commands_are_enqueued
+    { "/stop" => :stop, "/halt" => :halt, "/restart" => :restart, "/phased-restart" => :phased_restart,
+      "/reopen-logs" => :reopen_logs }.each do |path, command|
+      status, _, json = get(path)
+      assert_equal 200, status, path
+      assert_equal "ok", json["status"]
+      assert_equal command, @launcher.commands.pop(true)
+    end
+  end
+
+  def test_command_the_launcher_refuses_is_501
+    launcher = FakeLauncher.new
+    launcher.define_singleton_method(:enqueue) { |_c| false }
+    status, _, json = get("/phased-restart", app: Serval::ControlApp.new(launcher, token: TOKEN))
+    assert_equal 501, status
+    assert_match(/not supported/, json["error"])
+  end
+
+  def test_token_is_required
+    assert_equal 403, get("/stats", "").first
+    assert_equal 403, get("/stats", "token=wrong").first
+    assert_equal 403, get("/stats", "token=#{TOKEN}x").first
+    assert_equal 403, get("/stop", "").first
+    assert_equal 403, get("/nope", "").first, "no token: 403 before 404"
+    assert @launcher.commands.empty?
+    assert_raises(ArgumentError) { Serval::ControlApp.new(@launcher, token: "") }
+    assert_raises(ArgumentError) { Serval::ControlApp.new(@launcher, token: nil) }
+  end
+
+  def test_unknown_path_and_method
+    status, _, json = get("/nope")
+    assert_equal 404, status
+    assert_match(/unknown command/, json["error"])
+    assert_equal 405, get("/stop", method: "POST").first
+  end
+
+  def test_gvl_trace
+    status, _, json = get("/gvl-trace")
+    assert_equal 501, status
+    assert_match(/not available/, json["error"])
+
+    trace = FakeTrace.new
+    app = Serval::ControlApp.new(@launcher, token: TOKEN, gvl_trace: trace)
+    status, _, json = get("/gvl-trace", "token=#{TOKEN}&seconds=0.25", app: app)
+    assert_equal 200, status
+    assert_in_delta 0.25, trace.seen
+    assert_equal({ "seconds" => 0.25, "threads" => [] }, json)
+    assert_equal 400, get("/gvl-trace", "token=#{TOKEN}&seconds=-1", app: app).first
+    assert_equal 400, get("/gvl-trace", "token=#{TOKEN}&seconds=abc", app: app).first
+    assert_equal 400, get("/gvl-trace", "token=#{TOKEN}&seconds=61", app: app).first
+  end
+
+  def test_non_finite_floats_become_strings
+    launcher = FakeLauncher.new
+    launcher.define_singleton_method(:stats) { { timing: { h: { buckets: [[0.1, 1], [Float::INFINITY, 2]] } } } }
+    _, _, json = get("/stats", app: Serval::ControlApp.new(launcher, token: TOKEN))
+    assert_equal [[0.1, 1], ["+Inf", 2]], json["timing"]["h"]["buckets"]
+  end
+
+  # --- served by Serval::Control ---
+
+  def unix_get(path, sock)
+    s = UNIXSocket.new(sock)
+    s.write("GET #{path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    s.wait_readable(5)
+    s.read
+  ensure
+    s&.close
+  end
+
+  def control_options(dir, **extra)
+    Serval::Configuration::DEFAULTS.merge(control_url: "unix://#{dir}/ctl.sock", state_path: "#{dir}/run/state.yml",
+                                          **extra)
+  end
+
+  def test_control_serves_on_unix_socket_with_generated_token_and_state_file
+    Dir.mktmpdir do |dir|
+      out = StringIO.new
+      log = Serval::LogWriter.new(stdout: out, stderr: StringIO.new)
+      control = Serval::Control.start(@launcher, control_options(dir), log)
+      begin
+        token = control.token
+        assert_match(/\A\h{32}\z/, token)
+        assert_includes out.string, "* Control app on unix://#{dir}/ctl.sock"
+        assert_includes out.string, "Control token (generated): #{token}"
+        state = YAML.safe_load(File.read("#{dir}/run/state.yml"))
+        assert_equal({ "pid" => Process.pid, "control_url" => "unix://#{dir}/ctl.sock",
+                       "control_auth_token" => token, "running_from" => Dir.pwd }, state)
+        assert_equal 0o600, File.stat("#{dir}/run/state.yml").mode & 0o777
+        assert_match(%r{\AHTTP/1\.1 200 .*"requests_count":7}m, unix_get("/stats?token=#{token}", "#{dir}/ctl.sock"))
+        assert_match(%r{\AHTTP/1\.1 403 }, unix_get("/stats?token=bad", "#{dir}/ctl.sock"))
+      ensure
+        control.stop
+      end
+      refute File.exist?("#{dir}/ctl.sock")
+      refute File.exist?("#{dir}/run/state.yml")
+    end
+  end
+
+  def test_forked_child_closes_the_control_listener
+    Dir.mktmpdir do |dir|
+      log = Serval::LogWriter.new(stdout: StringIO.new, stderr: StringIO.new)
+      control = Serval::Control.start(@launcher, control_options(dir, control_auth_token: TOKEN), log)
+      begin
+        ios = control.instance_variable_get(:@parts).map { |binder, _| binder.ios }.flatten
+        refute ios.empty?
+        pid = fork { exit!(ios.all?(&:closed?) && File.socket?("#{dir}/ctl.sock") ? 0 : 1) }
+        _, status = Process.wait2(pid)
+        assert status.success?, "the child kept the control listener open"
+        assert_match(%r{\AHTTP/1\.1 200 }, unix_get("/stats?token=#{TOKEN}", "#{dir}/ctl.sock"))
+      ensure
+        control.stop
+      end
+    end
+  end
+
+  def test_launcher_serves_control_app_and_stops_through_it
+    Dir.mktmpdir do |dir|
+      options = Serval::Configuration.finish(Serval::Configuration::DEFAULTS.merge(
+        binds: ["tcp://127.0.0.1:0"], control_url: "unix://#{dir}/ctl.sock", control_auth_token: TOKEN
+      ))
+      out = WatchedIO.new
+      app = ->(_env) { [200, { "content-type" => "text/plain" }, ["hi"]] }
+      launcher = Serval::Launcher.new(options, log_writer: Serval::LogWriter.new(stdout: out, stderr: StringIO.new),
+                                               app: app, signals: false)
+      thread = Thread.new { launcher.run }
+      assert launcher.wait_until_booted(10), out.string
+      # the control part starts right after boot, on its own thread: its log line is the handshake
+      out.wait_for("* Control app on")
+      response = unix_get("/stats?token=#{TOKEN}", "#{dir}/ctl.sock")
+      json = JSON.parse(response.split("\r\n\r\n", 2).last)
+      assert_equal 5, json["max_threads"]
+      assert json.key?("started_at")
+      assert_match(/"stop"/, unix_get("/stop?token=#{TOKEN}", "#{dir}/ctl.sock"))
+      assert_equal 0, thread.join(10)&.value
+      refute File.exist?("#{dir}/ctl.sock")
+    end
+  end
+
+  # A StringIO that wakes waiters on each write: the log line is the handshake.
+  class WatchedIO < StringIO
+    def initialize
+      super
+      @mutex = Mutex.new
+      @cond = ConditionVariable.new
+    end
+
+    def write(*args)
+      @mutex.synchronize do
+        n = super
+        @cond.broadcast
+        n
+      end
+    end
+
+    def wait_for(text, timeout: 5)
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
+      @mutex.synchronize do
+        until string.include?(text)
+          left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          raise "no #{text.inspect} within #{timeout}s in:\n#{string}" if left <= 0
+
+          @cond.wait(@mutex, left)
+        end
+      end
+    end
+  end
+end
