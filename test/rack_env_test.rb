@@ -71,7 +71,8 @@ class RackEnvTest < Minitest::Test
       expected = %w[REQUEST_METHOD SCRIPT_NAME PATH_INFO QUERY_STRING REQUEST_URI SERVER_NAME SERVER_PORT
                     SERVER_PROTOCOL SERVER_SOFTWARE REMOTE_ADDR HTTP_HOST HTTP_USER_AGENT HTTP_ACCEPT
                     HTTP_CONNECTION rack.url_scheme rack.input rack.errors rack.hijack? rack.hijack
-                    rack.multithread rack.multiprocess rack.run_once rack.response_finished rack.after_reply]
+                    rack.multithread rack.multiprocess rack.run_once rack.response_finished rack.after_reply
+                    serval.timing]
       assert_equal expected.sort, env.keys.sort
     end
   end

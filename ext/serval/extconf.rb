@@ -15,6 +15,12 @@ if have_header("openssl/ssl.h") && have_library("crypto", "ERR_get_error") &&
 else
   $defs.delete("-DHAVE_OPENSSL_SSL_H")
 end
+# GVL instrumentation (gvl.c): the event hook is Ruby 3.2+, thread-specific
+# storage for it 3.3+. Without them only CPU and wall time are measured.
+if have_header("ruby/thread.h")
+  have_func("rb_internal_thread_add_event_hook", "ruby/thread.h")
+  have_func("rb_internal_thread_specific_get", "ruby/thread.h")
+end
 
 $CFLAGS << " -std=gnu11 -O2 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers"
 $CFLAGS << " -Werror" unless ENV["SERVAL_NO_WERROR"]

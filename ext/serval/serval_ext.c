@@ -3,6 +3,8 @@
 
 VALUE sv_eConnectionError, sv_eWriteTimeout, sv_eBadResponse;
 
+void sv_init_gvl(VALUE mNative); /* gvl.c */
+
 void Init_serval_ext(void)
 {
     rb_require("serval/errors");
@@ -18,5 +20,6 @@ void Init_serval_ext(void)
     sv_init_core(mNative);
     sv_init_request(mNative);
     sv_init_tls(mNative);
+    sv_init_gvl(mNative);
     rb_define_const(mNative, "HEADERS_CAP", INT2NUM(SV_HEADERS_CAP));
 }

@@ -3,6 +3,7 @@
 require "stringio"
 require "serval/response_writer"
 require "serval/hijack"
+require "serval/timing"
 
 module Serval
   # Turns one native Request into a Rack call and its response.
@@ -16,6 +17,8 @@ module Serval
     HTTP_UPGRADE = "HTTP_UPGRADE"
     EMPTY = "".b.freeze
 
+    attr_reader :timing
+
     def initialize(app, options, log_writer)
       @app = app
       @log_writer = log_writer
@@ -24,6 +27,8 @@ module Serval
       @log_requests = options[:log_requests]
       @errors = ErrorResponder.new(options[:lowlevel_error_handler], log_writer)
       @writer = ResponseWriter.new
+      # nil when off: one branch per request (see docs/observability.md)
+      @timing = (Timing::Recorder.new(sample_rate: options.fetch(:timing_sample_rate, 1.0)) if options.fetch(:timing, true))
     end
 
     def call(request)
@@ -38,6 +43,7 @@ module Serval
       env[RACK_EARLY_HINTS] = hijack.method(:early_hints) if @early_hints
       env[RACK_PROTOCOL] = env[HTTP_UPGRADE].split(/\s*,\s*/) if env.key?(HTTP_UPGRADE)
       status = headers = error = nil
+      timing = @timing.start(request, env) if @timing
       begin
         status, headers, body = @app.call(env)
         @writer.write(request, env, status, headers, body) unless hijack.full?
@@ -51,7 +57,8 @@ module Serval
         close_body(body)
       end
       request.finish unless hijack.full?
-      log_access(env, status, started) if @log_requests
+      @timing.finish(timing, env) if timing
+      log_access(env, status, started, timing) if @log_requests
       run_callbacks(env, status, headers, error, finished, after)
     ensure
       # Normally a no-op (finished or hijacked). When the thread was killed
@@ -109,13 +116,14 @@ module Serval
       end
     end
 
-    def log_access(env, status, started)
+    def log_access(env, status, started, timing)
       ms = (Process.clock_gettime(Process::CLOCK_MONOTONIC) - started) * 1000
       query = env["QUERY_STRING"]
       path = query.nil? || query.empty? ? env["PATH_INFO"] : "#{env['PATH_INFO']}?#{query}"
       @log_writer.access(format('%s - - [%s] "%s %s %s" %s %.2fms',
                                 env["REMOTE_ADDR"], Time.now.strftime("%d/%b/%Y:%H:%M:%S %z"),
-                                env["REQUEST_METHOD"], path, env["SERVER_PROTOCOL"], status || "-", ms))
+                                env["REQUEST_METHOD"], path, env["SERVER_PROTOCOL"], status || "-", ms) +
+                        (timing ? " #{timing.log_fields}" : ""))
     end
   end
 end

@@ -42,6 +42,7 @@ module Serval
     end
 
     def run
+      @handler.timing&.enable # the GVL hook, once per process (again after fork)
       @core.start
       @thread_pool.start
       @state = :running
@@ -83,7 +84,7 @@ module Serval
       { backlog: s[:queued], running: pool[:running], pool_capacity: pool[:pool_capacity],
         busy_threads: pool[:busy_threads], max_threads: pool[:max_threads], min_threads: pool[:min_threads],
         requests_count: s[:requests], connections: s[:connections], accepted: s[:accepted],
-        rejected: s[:errors] }
+        rejected: s[:errors] }.tap { |h| h[:timing] = @handler.timing.stats if @handler.timing }
     end
 
     private

@@ -13,9 +13,9 @@ module Bench
       @bench_dir = File.expand_path(bench_dir)
       @root = File.dirname(@bench_dir)
       @io = io
-      @duration = Integer(ENV.fetch("BENCH_DURATION", "10"))
+      @duration = Integer(ENV.fetch("BENCH_DURATION", "5"))
       @warmup = Integer(ENV.fetch("BENCH_WARMUP", "2"))
-      @rounds = Integer(ENV.fetch("BENCH_ROUNDS", "2"))
+      @rounds = Integer(ENV.fetch("BENCH_ROUNDS", "1"))
       @threads = Integer(ENV.fetch("BENCH_THREADS", "4"))
       @connections = Integer(ENV.fetch("BENCH_CONNECTIONS", "16"))
       @boot_timeout = Float(ENV.fetch("BENCH_BOOT_TIMEOUT", "30"))
@@ -27,7 +27,10 @@ module Bench
 
     def pin? = @pin
 
-    def pin_server(argv) = pin? ? ["taskset", "-c", server_cpu, *argv] : argv
+    def pin_server(argv, cpus: nil) = pin? ? ["taskset", "-c", cpus || server_cpu, *argv] : argv
+
+    # All online CPUs as a taskset list ("0-1"), for the "all cores" runs.
+    def all_cpus = "0-#{Util.nproc - 1}"
 
     def pin_client(argv) = pin? ? ["taskset", "-c", client_cpu, *argv] : argv
 

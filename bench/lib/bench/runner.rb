@@ -9,20 +9,25 @@ module Bench
   # print one table per workload and write bench/results/latest.json.
   class Runner
     USAGE = <<~TEXT
-      usage: bench/run [--servers=serval,puma] [--check] [--out=FILE] [WORKLOAD...|all]
+      usage: bench/run [--servers=serval,puma,...] [--check] [--out=FILE] [--docs|--no-docs] [WORKLOAD...|all]
       workloads: %<workloads>s (default: all)
-      servers:   %<servers>s
-      environment: BENCH_DURATION (10 s) BENCH_WARMUP (2 s) BENCH_ROUNDS (2) BENCH_THREADS (4)
+      servers:   %<servers>s (default: all; one whose gem is missing is skipped and named)
+      --docs: write the tables into docs/benchmarks.md (between markers) and charts into
+              docs/benchmarks/*.png (gnuplot); the default for `all`
+      environment: BENCH_DURATION (5 s) BENCH_WARMUP (2 s) BENCH_ROUNDS (1) BENCH_THREADS (4)
                    BENCH_CONNECTIONS (16) BENCH_SERVER_CPU (0) BENCH_CLIENT_CPU (1) BENCH_PIN (1)
                    BENCH_SLOW_CONNECTIONS (200) BENCH_SLOW_PROBES (50) SERVAL_EXE (exe/serval)
     TEXT
+
+    DEFAULT_SERVERS = %w[serval puma unicorn pitchfork falcon].freeze
 
     def initialize(argv, bench_dir:, out: $stdout)
       @argv = argv.dup
       @bench_dir = bench_dir
       @out = out
       @check = false
-      @server_names = %w[serval puma]
+      @server_names = DEFAULT_SERVERS
+      @docs = nil
       @json_path = File.join(bench_dir, "results", "latest.json")
     end
 
@@ -37,9 +42,12 @@ module Bench
         when "-h", "--help" then @out.puts(usage)
                                  return nil
         when "--check" then @check = true
+        when "--docs" then @docs = true
+        when "--no-docs" then @docs = false
         when /\A--servers=(.+)\z/ then @server_names = Regexp.last_match(1).split(",")
         when /\A--out=(.+)\z/ then @json_path = File.expand_path(Regexp.last_match(1))
         when "all" then names.concat(Workload.registry.keys)
+                        @docs = true if @docs.nil?
         when /\A-/ then raise ArgumentError, "unknown option #{arg}\n#{usage}"
         else
           raise ArgumentError, "unknown workload #{arg}\n#{usage}" unless Workload.registry.key?(arg)
@@ -55,20 +63,47 @@ module Bench
       names = parse_args or return 0
       @ctx = Context.new(@bench_dir)
       preflight
-      servers = @server_names.map { |s| Server.registry.fetch(s).new(@ctx) }
+      started = Util.now
+      servers, unavailable = available_servers
+      @server_names = servers.map(&:name)
       report = header(servers)
+      report["unavailable"] = unavailable
       @out.puts(banner(report))
+      unavailable.each { |n, why| @out.puts "# not run: #{n}: #{why}" }
       names.each do |wname|
+        t0 = Util.now
         result = Workload.registry.fetch(wname).new(@ctx).run(servers)
+        result["seconds"] = (Util.now - t0).round(1)
         report["workloads"] << result
         print_table(result)
       end
+      report["seconds"] = (Util.now - started).round(1)
       print_summary(report)
       write_json(report)
+      write_docs(report) if @docs
       exit_code(report)
     ensure
       Util.stop_all
       @ctx&.cleanup
+    end
+
+    def available_servers
+      unavailable = {}
+      servers = @server_names.filter_map do |sname|
+        server = Server.registry.fetch(sname).new(@ctx)
+        why = server.unavailable_reason
+        unavailable[sname] = why if why
+        why ? nil : server
+      end
+      [servers, unavailable]
+    end
+
+    def write_docs(report)
+      docs = Report.new(@ctx, report, json_path: @json_path)
+      written = docs.write
+      written.each { |path| @out.puts "wrote #{path}" }
+    rescue Error => e
+      @out.puts "docs not written: #{e.message}"
     end
 
     def preflight
@@ -94,9 +129,16 @@ module Bench
           "server_cpu" => @ctx.pin? ? @ctx.server_cpu : nil, "client_cpu" => @ctx.pin? ? @ctx.client_cpu : nil
         },
         "machine" => { "nproc" => Util.nproc, "cpu" => Util.cpu_model, "kernel" => kernel, "loadavg" => loadavg },
-        "versions" => { "ruby" => RUBY_DESCRIPTION, "wrk" => Wrk.version }.merge(servers.to_h { |s| [s.name, s.version] }),
+        "versions" => { "ruby" => RUBY_DESCRIPTION, "wrk" => Wrk.version, "slowhttptest" => slowhttptest_version }.compact.merge(servers.to_h { |s| [s.name, s.version] }),
         "workloads" => []
       }
+    end
+
+    def slowhttptest_version
+      return nil unless Util.which("slowhttptest")
+
+      _status, out, = Util.capture(%w[slowhttptest -h], timeout: 10)
+      out[/version (\S+)/, 1]
     end
 
     def loadavg
@@ -120,19 +162,12 @@ module Bench
        "# #{m['nproc']} x #{m['cpu']}, linux #{m['kernel']}, load #{m['loadavg']}; #{pin}",
        "# #{v['ruby']}; wrk #{v['wrk']}; " + @server_names.map { |n| "#{n} #{v[n]}" }.join("; "),
        "# threads #{s['threads']}:#{s['threads']}, wrk -t1 -c#{s['connections']} -d#{s['duration_s']}s " \
-       "after #{s['warmup_s']}s warm-up, #{s['rounds']} rounds alternating server order"].join("\n")
+       "after #{s['warmup_s']}s warm-up, #{s['rounds']} round(s) alternating server order"].join("\n")
     end
 
     def print_table(result)
-      rows, notes = Workload.registry.fetch(result["name"]).new(@ctx).table(result)
-      widths = rows.transpose.map { |col| col.map(&:size).max }
       @out.puts
-      @out.puts "## #{result['name']}: #{result['description']}"
-      rows.each_with_index do |row, i|
-        @out.puts "| " + row.each_with_index.map { |cell, j| cell.ljust(widths[j]) }.join(" | ") + " |"
-        @out.puts "|" + widths.map { |w| "-" * (w + 2) }.join("|") + "|" if i.zero?
-      end
-      notes.each { |n| @out.puts "#{n}  " }
+      @out.puts Report.table_text(@ctx, result)
       @out.flush
     end
 
@@ -145,8 +180,10 @@ module Bench
                   elsif check["ok"] then "  meets: #{check['target']}"
                   else "  MISSES: #{check['target']}"
                   end
-        @out.puts format("%-13<name>s ratio %<ratio>s%<verdict>s", name: w["name"], ratio: w["ratio_text"] || w["ratio"] || "n/a", verdict: verdict)
+        @out.puts format("%-18<name>s ratio %<ratio>s%<verdict>s  (%<sec>ss)", name: w["name"], ratio: w["ratio_text"] || w["ratio"] || "n/a",
+                                                                                 verdict: verdict, sec: w["seconds"])
       end
+      @out.puts "total: #{report['seconds']} s"
     end
 
     def write_json(report)

@@ -31,33 +31,66 @@ module Bench
     end
 
     # argv that starts the server in the foreground (without the CPU pinning).
-    def argv(app:, port:, threads:)
+    # workers: processes (1 = single mode); threads: threads per process.
+    def argv(app:, port:, threads:, workers: 1)
       raise NotImplementedError
+    end
+
+    # How the budget (workers processes x threads threads) maps onto this
+    # server's own model, for the tables: e.g. "1 x 4 threads".
+    def layout(threads:, workers: 1)
+      "#{workers} x #{threads} threads"
+    end
+
+    # Processes this server really runs for the requested workers (Serval
+    # before cluster mode: 1).
+    def effective_workers(workers)
+      workers
+    end
+
+    # Whether the adapter's gem (or executable) is installed; a server that is
+    # not is skipped with this reason.
+    def unavailable_reason
+      nil
     end
 
     def env
       ctx.bundle_env.merge("RACK_ENV" => "production")
     end
 
+    # The version of gem in bench's bundle (one `bundle list` per run).
+    def gem_version(gem)
+      Server.bundle_versions(ctx)[gem]
+    end
+
+    def self.bundle_versions(ctx)
+      @bundle_versions ||= begin
+        _status, out, = Util.capture(%w[bundle list], env: ctx.bundle_env, chdir: ctx.bench_dir, timeout: 60)
+        out.scan(/^\s+\* (\S+) \(([^)]+)\)/).to_h
+      end
+    end
+
     def chdir
       ctx.root
     end
 
-    def start(app:, port:, threads:)
-      ServerProcess.new(self, app: app, port: port, threads: threads).start
+    def start(app:, port:, threads:, workers: 1, cpus: nil)
+      ServerProcess.new(self, app: app, port: port, threads: threads, workers: workers, cpus: cpus).start
     end
   end
 
   # One running server: spawned pinned to the server CPU, in its own process
   # group, its output going to a log file in the run's scratch directory.
   class ServerProcess
-    attr_reader :server, :port, :pid, :command, :log_path
+    attr_reader :server, :port, :pid, :command, :log_path, :threads, :workers
 
-    def initialize(server, app:, port:, threads:)
+    def initialize(server, app:, port:, threads:, workers: 1, cpus: nil)
       @server = server
       @port = port
       @app = app
-      @command = server.ctx.pin_server(server.argv(app: app, port: port, threads: threads))
+      @threads = threads
+      @workers = workers
+      @command = server.ctx.pin_server(server.argv(app: app, port: port, threads: threads, workers: workers), cpus: cpus)
       @log_path = File.join(server.ctx.scratch, "#{server.name}-#{File.basename(app, '.ru')}-#{port}.log")
     end
 

@@ -149,6 +149,18 @@ module Bench
         0
       end
 
+      # Pss in kB (shared pages split between their users) of one process:
+      # summed over a tree of forked workers it does not count shared pages
+      # once per worker as VmRSS does. 0 if unreadable.
+      def pss_kb(pid)
+        File.foreach("/proc/#{pid}/smaps_rollup") do |line|
+          return Integer(line.split[1]) if line.start_with?("Pss:")
+        end
+        0
+      rescue SystemCallError
+        0
+      end
+
       def cpu_model
         File.foreach("/proc/cpuinfo") do |line|
           return line.split(":", 2)[1].strip if line.start_with?("model name")

@@ -46,12 +46,44 @@ module Bench
     end
 
     # Start server with app, wait until it answers path, yield, always stop it.
-    def with_server(server, app, path: "/")
-      process = server.start(app: app_path(app), port: Util.free_port, threads: ctx.threads)
+    def with_server(server, app, path: "/", threads: ctx.threads, workers: 1, cpus: nil)
+      process = server.start(app: app_path(app), port: Util.free_port, threads: threads, workers: workers, cpus: cpus)
       process.wait_ready(path: path)
       yield process
     ensure
       process&.stop
+    end
+
+    # Names of the servers this workload runs (nil: every selected one).
+    def server_names
+      nil
+    end
+
+    def select(servers)
+      names = server_names
+      names ? servers.select { |s| names.include?(s.name) } : servers
+    end
+
+    # "0.52x": value / serval's value of the same figure from the same run.
+    def vs_serval(results, sname, key)
+      a = results.dig(sname, key)
+      b = results.dig("serval", key)
+      return "-" unless a && b && b.to_f.positive?
+
+      format("%.2fx", a.to_f / b)
+    end
+
+    # value / base as "0.52x" ("-" when either is missing).
+    def rel(value, base)
+      return "-" unless value && base && base.to_f.positive?
+
+      format("%.2fx", value.to_f / base)
+    end
+
+    def fmt_rps(value)
+      return "-" if value.nil?
+
+      value >= 100 ? format("%.0f", value) : format("%.1f", value)
     end
 
     def ratio(results, key, num: "serval", den: "puma")
@@ -92,22 +124,38 @@ module Bench
       ctx.connections
     end
 
+    # Processes per server (1: single mode) and the CPUs they are pinned to
+    # (nil: BENCH_SERVER_CPU).
+    def workers
+      1
+    end
+
+    def cpus
+      nil
+    end
+
+    def wrk_options
+      {}
+    end
+
     def run(servers)
+      servers = select(servers)
       rounds = Hash.new { |h, k| h[k] = [] }
       meta = {}
       ctx.rounds.times do |round|
         order(servers, round).each do |server|
           ctx.log "#{name}: round #{round + 1}/#{ctx.rounds} #{server.name}"
-          with_server(server, app, path: path) do |process|
+          with_server(server, app, path: path, workers: workers, cpus: cpus) do |process|
             sanity_check(process)
             url = "http://127.0.0.1:#{process.port}#{path}"
-            Wrk.run(ctx, url, duration: ctx.warmup, connections: connections) if ctx.warmup.positive?
-            figures = Wrk.run(ctx, url, duration: ctx.duration, connections: connections)
+            Wrk.run(ctx, url, duration: ctx.warmup, connections: connections, **wrk_options) if ctx.warmup.positive?
+            figures = Wrk.run(ctx, url, duration: ctx.duration, connections: connections, **wrk_options)
             ctx.log format("  %<rps>.1f req/s  p50 %<p50>s  p99 %<p99>s", rps: figures["rps"],
                                                                            p50: fmt_ms(figures["p50_ms"]), p99: fmt_ms(figures["p99_ms"]))
             rounds[server.name] << figures
             meta[server.name] ||= { "version" => server.version, "server_command" => process.command.join(" "),
-                                    "wrk_command" => figures["command"] }
+                                    "wrk_command" => figures["command"],
+                                    "layout" => server.layout(threads: ctx.threads, workers: workers) }
           end
         end
       end
@@ -144,9 +192,10 @@ module Bench
     end
 
     def table(result)
-      rows = [%w[server version req/s p50 p99 errors rounds(req/s)]]
+      rows = [["server", "version", "processes x threads", "req/s", "vs serval", "p50", "p99", "errors", "rounds(req/s)"]]
       result["servers"].each do |sname, s|
-        rows << [sname, s["version"], format("%.1f", s["rps"]), fmt_ms(s["p50_ms"]), fmt_ms(s["p99_ms"]),
+        rows << [sname, s["version"], s["layout"].to_s, format("%.1f", s["rps"]), vs_serval(result["servers"], sname, "rps"),
+                 fmt_ms(s["p50_ms"]), fmt_ms(s["p99_ms"]),
                  s["errors"].to_s, s["rounds"].map { |r| format("%.0f", r["rps"]) }.join(", ")]
       end
       notes = ["figures: #{result['pick']}"]

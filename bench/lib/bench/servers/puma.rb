@@ -2,7 +2,8 @@
 
 module Bench
   module Servers
-    # Puma from bench/Gemfile, single mode (no workers), min = max threads.
+    # Puma from bench/Gemfile, min = max threads; single mode (-w 0) for one
+    # process, cluster mode (-w N) otherwise.
     class Puma < Server
       register "puma"
 
@@ -17,8 +18,9 @@ module Bench
         end
       end
 
-      def argv(app:, port:, threads:)
-        ["bundle", "exec", "puma", "-q", "-e", "production", "-w", "0", "-b", "tcp://127.0.0.1:#{port}", "-t", "#{threads}:#{threads}", app]
+      def argv(app:, port:, threads:, workers: 1)
+        ["bundle", "exec", "puma", "-q", "-e", "production", "-w", (workers > 1 ? workers : 0).to_s,
+         "-b", "tcp://127.0.0.1:#{port}", "-t", "#{threads}:#{threads}", app]
       end
     end
   end

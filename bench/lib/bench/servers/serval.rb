@@ -25,9 +25,31 @@ module Bench
         end
       end
 
-      def argv(app:, port:, threads:)
+      # Cluster mode exists once `serval --help` no longer lists -w among the
+      # options "accepted from Puma, not supported yet".
+      def cluster?
+        return @cluster if defined?(@cluster)
+
+        _status, out, = Util.capture(["ruby", "-I", File.join(ctx.root, "lib"), exe, "--help"], chdir: ctx.root, timeout: 30)
+        unsupported = out.split(/^.*not supported yet.*$/, 2)[1].to_s
+        @cluster = out.include?("--workers") && !unsupported.include?("--workers")
+      end
+
+      def effective_workers(workers)
+        workers > 1 && !cluster? ? 1 : workers
+      end
+
+      def layout(threads:, workers: 1)
+        w = effective_workers(workers)
+        note = w == workers ? "" : " (no cluster mode yet)"
+        "#{w} x #{threads} threads#{note}"
+      end
+
+      def argv(app:, port:, threads:, workers: 1)
+        w = effective_workers(workers)
         ["bundle", "exec", "ruby", "-I", File.join(ctx.root, "lib"), exe,
-         "-q", "-e", "production", "-b", "tcp://127.0.0.1:#{port}", "-t", "#{threads}:#{threads}", app]
+         "-q", "-e", "production", "-b", "tcp://127.0.0.1:#{port}", "-t", "#{threads}:#{threads}",
+         *(w > 1 ? ["-w", w.to_s] : []), app]
       end
     end
   end

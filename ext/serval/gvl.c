@@ -1,0 +1,317 @@
+/*
+ * Serval::Native::GVL - per-thread GVL accounting and a bounded trace buffer.
+ *
+ * On Ruby 3.2+ one process-wide internal thread event hook (READY, RESUMED,
+ * SUSPENDED, EXITED) keeps, for every Ruby thread, nanoseconds spent
+ *   running  - holding the GVL (RESUMED .. SUSPENDED)
+ *   idle     - without the GVL and not asking for it: I/O, sleep, waiting in
+ *              Core#next (SUSPENDED .. READY)
+ *   stalled  - asking for the GVL, not yet holding it (READY .. RESUMED)
+ *
+ * The hook never allocates and never calls Ruby: per-thread state lives in a
+ * fixed table of SV_GVL_SLOTS slots, claimed with a CAS on a thread's first
+ * event and released on EXITED. The slot of a thread is found through
+ * rb_internal_thread_specific_get (3.3+) or a __thread pointer (3.2, where
+ * every Ruby thread is one native thread). While a trace records, the hook also
+ * appends (time, native tid, new state) to a preallocated buffer of
+ * SV_GVL_TRACE_CAP events; once full, further events are counted as dropped.
+ *
+ * Without the hook API (Ruby 3.1) only Native::GVL.sample's clock readings
+ * work; supported? is false and the rest raises NotImplementedError.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <ruby.h>
+#include "serval_ruby.h"
+
+#ifdef HAVE_RUBY_THREAD_H
+#include <ruby/thread.h>
+#endif
+
+#if defined(HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK)
+#define SV_GVL_HOOK 1
+#endif
+
+#define SV_GVL_SLOTS 512            /* threads tracked at once */
+#define SV_GVL_TRACE_CAP 262144     /* events per trace (16 bytes each) */
+
+enum { SV_GVL_RUN = 0, SV_GVL_IDLE = 1, SV_GVL_WAIT = 2 };
+
+static uint64_t now_ns(clockid_t clk)
+{
+    struct timespec ts;
+    clock_gettime(clk, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+#ifdef SV_GVL_HOOK
+
+typedef struct {
+    _Atomic int used;
+    int gen;                    /* enable generation at claim: stale after fork */
+    int tid;                    /* native thread id (Thread#native_thread_id) */
+    int state;                  /* SV_GVL_*; owner thread only */
+    uint64_t since;             /* when state began; owner thread only */
+    _Atomic uint64_t ns[3];     /* totals per state; written by the owner, read by anyone */
+} sv_gvl_slot;
+
+typedef struct {
+    uint64_t ts;
+    int32_t tid;
+    int32_t state;
+} sv_gvl_event;
+
+static sv_gvl_slot slots[SV_GVL_SLOTS];
+static rb_internal_thread_event_hook_t *hook;
+static pid_t hook_pid;
+static _Atomic int gen = 1;
+static _Atomic uint64_t run_total;  /* GVL held, all threads, finished slices */
+
+static sv_gvl_event *trace_buf;
+static _Atomic int tracing;
+static _Atomic size_t trace_n;
+static uint64_t trace_start;
+
+#ifdef HAVE_RB_INTERNAL_THREAD_SPECIFIC_GET
+static rb_internal_thread_specific_key_t slot_key;
+#define SLOT_GET(th) ((sv_gvl_slot *)rb_internal_thread_specific_get((th), slot_key))
+#define SLOT_SET(th, s) rb_internal_thread_specific_set((th), slot_key, (s))
+#define EVENT_THREAD(d) ((d)->thread)
+#else
+static __thread sv_gvl_slot *tls_slot;
+#define SLOT_GET(th) ((void)(th), tls_slot)
+#define SLOT_SET(th, s) ((void)(th), tls_slot = (s))
+#define EVENT_THREAD(d) ((void)(d), Qnil)
+#endif
+
+static void trace_push(uint64_t ts, int tid, int state)
+{
+    size_t i = atomic_fetch_add_explicit(&trace_n, 1, memory_order_relaxed);
+    if (i < SV_GVL_TRACE_CAP) {
+        trace_buf[i].ts = ts;
+        trace_buf[i].tid = tid;
+        trace_buf[i].state = state;
+    }
+}
+
+/* The slot of thread th, claiming a free one on first use; NULL when full. */
+static sv_gvl_slot *slot_of(VALUE th, int state, uint64_t now)
+{
+    sv_gvl_slot *s = SLOT_GET(th);
+    int g = atomic_load_explicit(&gen, memory_order_relaxed);
+    if (s && s->gen == g)
+        return s;
+    for (int i = 0; i < SV_GVL_SLOTS; i++) {
+        int expect = 0;
+        sv_gvl_slot *c = &slots[i];
+        if (!atomic_compare_exchange_strong(&c->used, &expect, 1))
+            continue;
+        c->gen = g;
+        c->tid = (int)syscall(SYS_gettid);
+        c->state = state;
+        c->since = now;
+        for (int k = 0; k < 3; k++)
+            atomic_store_explicit(&c->ns[k], 0, memory_order_relaxed);
+        SLOT_SET(th, c);
+        return c;
+    }
+    return NULL;
+}
+
+static void on_event(rb_event_flag_t ev, const rb_internal_thread_event_data_t *d, void *data)
+{
+    uint64_t now = now_ns(CLOCK_MONOTONIC);
+    int next = ev == RUBY_INTERNAL_THREAD_EVENT_RESUMED ? SV_GVL_RUN
+             : ev == RUBY_INTERNAL_THREAD_EVENT_READY ? SV_GVL_WAIT : SV_GVL_IDLE;
+    sv_gvl_slot *s = slot_of(EVENT_THREAD(d), next, now);
+    if (!s)
+        return;
+    if (s->state != next || s->since != now) {
+        uint64_t dt = now - s->since;
+        atomic_fetch_add_explicit(&s->ns[s->state], dt, memory_order_relaxed);
+        if (s->state == SV_GVL_RUN)
+            atomic_fetch_add_explicit(&run_total, dt, memory_order_relaxed);
+        s->state = next;
+        s->since = now;
+    }
+    if (atomic_load_explicit(&tracing, memory_order_relaxed))
+        trace_push(now, s->tid, next);
+    if (ev == RUBY_INTERNAL_THREAD_EVENT_EXITED) {
+        SLOT_SET(EVENT_THREAD(d), NULL);
+        atomic_store(&s->used, 0);
+    }
+}
+
+static sv_gvl_slot *current_slot(uint64_t now)
+{
+    return hook ? slot_of(rb_thread_current(), SV_GVL_RUN, now) : NULL;
+}
+
+/* Registers the hook once per process; in a forked child the inherited
+ * registration is replaced and every slot (the parent's threads) dropped. */
+static VALUE gvl_enable(VALUE mod)
+{
+    pid_t pid = getpid();
+    if (hook && hook_pid == pid)
+        return Qfalse;
+    if (hook) {
+        rb_internal_thread_remove_event_hook(hook);
+        hook = NULL;
+        atomic_store(&tracing, 0);
+        atomic_fetch_add(&gen, 1);
+        for (int i = 0; i < SV_GVL_SLOTS; i++)
+            atomic_store(&slots[i].used, 0);
+        atomic_store(&run_total, 0);
+    }
+    hook = rb_internal_thread_add_event_hook(on_event,
+        RUBY_INTERNAL_THREAD_EVENT_READY | RUBY_INTERNAL_THREAD_EVENT_RESUMED |
+        RUBY_INTERNAL_THREAD_EVENT_SUSPENDED | RUBY_INTERNAL_THREAD_EVENT_EXITED, NULL);
+    hook_pid = pid;
+    return Qtrue;
+}
+
+static VALUE gvl_enabled_p(VALUE mod)
+{
+    return hook && hook_pid == getpid() ? Qtrue : Qfalse;
+}
+
+/* [run_ns_total, waiting_threads]: GVL held by all threads since enable, and
+ * how many threads are waiting for it now. */
+static VALUE gvl_global(VALUE mod)
+{
+    if (!hook)
+        return Qnil;
+    uint64_t now = now_ns(CLOCK_MONOTONIC);
+    uint64_t run = atomic_load_explicit(&run_total, memory_order_relaxed);
+    sv_gvl_slot *self = current_slot(now);
+    if (self && self->state == SV_GVL_RUN)
+        run += now - self->since;
+    int g = atomic_load(&gen);
+    long waiting = 0;
+    for (int i = 0; i < SV_GVL_SLOTS; i++) {
+        sv_gvl_slot *s = &slots[i];
+        if (atomic_load_explicit(&s->used, memory_order_relaxed) && s->gen == g && s->state == SV_GVL_WAIT)
+            waiting++;
+    }
+    return rb_assoc_new(ULL2NUM(run), LONG2NUM(waiting));
+}
+
+static VALUE gvl_trace_start(VALUE mod)
+{
+    if (!hook)
+        rb_raise(rb_eRuntimeError, "GVL hook not enabled");
+    if (!trace_buf)
+        trace_buf = ruby_xcalloc(SV_GVL_TRACE_CAP, sizeof(sv_gvl_event));
+    atomic_store(&tracing, 0);
+    atomic_store(&trace_n, 0);
+    trace_start = now_ns(CLOCK_MONOTONIC);
+    current_slot(trace_start); /* the caller is running: make sure it has a slot */
+    int g = atomic_load(&gen);
+    for (int i = 0; i < SV_GVL_SLOTS; i++) { /* every known thread's state now */
+        sv_gvl_slot *s = &slots[i];
+        if (atomic_load(&s->used) && s->gen == g)
+            trace_push(trace_start, s->tid, s->state);
+    }
+    atomic_store(&tracing, 1);
+    return ULL2NUM(trace_start);
+}
+
+/* Stops recording; returns [end_ns, dropped, flat [ts, tid, state, ...]]. */
+static VALUE gvl_trace_stop(VALUE mod)
+{
+    uint64_t end = now_ns(CLOCK_MONOTONIC);
+    atomic_store(&tracing, 0);
+    size_t n = atomic_load(&trace_n);
+    size_t keep = n < SV_GVL_TRACE_CAP ? n : SV_GVL_TRACE_CAP;
+    VALUE flat = rb_ary_new_capa((long)keep * 3);
+    for (size_t i = 0; trace_buf && i < keep; i++) {
+        if (trace_buf[i].ts < trace_start || trace_buf[i].ts > end)
+            continue;
+        rb_ary_push(flat, ULL2NUM(trace_buf[i].ts));
+        rb_ary_push(flat, INT2NUM(trace_buf[i].tid));
+        rb_ary_push(flat, INT2NUM(trace_buf[i].state));
+    }
+    return rb_ary_new_from_args(3, ULL2NUM(end), SIZET2NUM(n - keep), flat);
+}
+
+#endif /* SV_GVL_HOOK */
+
+/*
+ * [monotonic_ns, thread_cpu_ns, run_ns, idle_ns, stall_ns] for the calling
+ * thread; the last three are nil without the hook. One call at request start
+ * and one at its end give every per-request figure but GC time.
+ */
+static VALUE gvl_sample(VALUE mod)
+{
+    uint64_t now = now_ns(CLOCK_MONOTONIC);
+    VALUE cpu = ULL2NUM(now_ns(CLOCK_THREAD_CPUTIME_ID));
+    VALUE run = Qnil, idle = Qnil, stall = Qnil;
+#ifdef SV_GVL_HOOK
+    sv_gvl_slot *s = current_slot(now);
+    if (s) {
+        uint64_t r = atomic_load_explicit(&s->ns[SV_GVL_RUN], memory_order_relaxed);
+        if (s->state == SV_GVL_RUN)
+            r += now - s->since;
+        run = ULL2NUM(r);
+        idle = ULL2NUM(atomic_load_explicit(&s->ns[SV_GVL_IDLE], memory_order_relaxed));
+        stall = ULL2NUM(atomic_load_explicit(&s->ns[SV_GVL_WAIT], memory_order_relaxed));
+    }
+#endif
+    return rb_ary_new_from_args(5, ULL2NUM(now), cpu, run, idle, stall);
+}
+
+static VALUE gvl_supported_p(VALUE mod)
+{
+#ifdef SV_GVL_HOOK
+    return Qtrue;
+#else
+    return Qfalse;
+#endif
+}
+
+#ifndef SV_GVL_HOOK
+static VALUE gvl_unsupported(VALUE mod)
+{
+    rb_raise(rb_eNotImpError, "GVL instrumentation needs Ruby 3.2+ (rb_internal_thread_add_event_hook); "
+                              "this Ruby has no GVL event hook");
+    return Qnil;
+}
+
+static VALUE gvl_false(VALUE mod)
+{
+    return Qfalse;
+}
+
+static VALUE gvl_nil(VALUE mod)
+{
+    return Qnil;
+}
+#endif
+
+void sv_init_gvl(VALUE mNative)
+{
+    VALUE m = rb_define_module_under(mNative, "GVL");
+    rb_define_singleton_method(m, "supported?", gvl_supported_p, 0);
+    rb_define_singleton_method(m, "sample", gvl_sample, 0);
+    rb_define_const(m, "TRACE_CAPACITY", INT2NUM(SV_GVL_TRACE_CAP));
+#ifdef SV_GVL_HOOK
+#ifdef HAVE_RB_INTERNAL_THREAD_SPECIFIC_GET
+    slot_key = rb_internal_thread_specific_key_create();
+#endif
+    rb_define_singleton_method(m, "enable", gvl_enable, 0);
+    rb_define_singleton_method(m, "enabled?", gvl_enabled_p, 0);
+    rb_define_singleton_method(m, "global", gvl_global, 0);
+    rb_define_singleton_method(m, "trace_start", gvl_trace_start, 0);
+    rb_define_singleton_method(m, "trace_stop", gvl_trace_stop, 0);
+#else
+    rb_define_singleton_method(m, "enable", gvl_false, 0);
+    rb_define_singleton_method(m, "enabled?", gvl_false, 0);
+    rb_define_singleton_method(m, "global", gvl_nil, 0);
+    rb_define_singleton_method(m, "trace_start", gvl_unsupported, 0);
+    rb_define_singleton_method(m, "trace_stop", gvl_unsupported, 0);
+#endif
+}

@@ -1,0 +1,161 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require_relative "support/http_wire"
+require "serval/timing"
+
+# Per-request timing points, on every Ruby: upstream queue parsing, the env
+# object, the access-log fields, the stats shape, and the CPU/wall pair.
+class TimingTest < Minitest::Test
+  include Serval::HttpWire
+
+  UQ = Serval::Timing::UpstreamQueue
+  NOW = 1_700_000_000.5
+
+  def assert_upstream(expected, header)
+    got = UQ.seconds(header, NOW)
+    refute_nil got, header
+    assert_in_delta expected, got, 1e-3, header
+  end
+
+  def test_upstream_queue_every_format
+    assert_upstream 0.25, "t=#{((NOW - 0.25) * 1e6).round}"         # t= microseconds (nginx $msec*1e6, Heroku)
+    assert_upstream 0.25, ((NOW - 0.25) * 1e6).round.to_s           # bare microseconds
+    assert_upstream 0.25, "t=#{((NOW - 0.25) * 1e3).round}"         # t= milliseconds
+    assert_upstream 0.25, ((NOW - 0.25) * 1e3).round.to_s           # bare milliseconds (Heroku router)
+    assert_upstream 0.25, format("t=%.3f", NOW - 0.25)               # nginx t=${msec}
+    assert_upstream 0.25, format("%.3f", NOW - 0.25)                 # seconds with a fraction
+    assert_upstream 0.25, "t=#{((NOW - 0.25) * 1e9).round}"         # nanoseconds
+    assert_upstream 0.5, ((NOW - 0.5) * 1e9).round.to_s
+    assert_upstream 0.5, (NOW - 0.5).to_i.to_s                       # whole seconds
+    assert_upstream 0.25, " t=#{((NOW - 0.25) * 1e6).round}, t=#{(NOW * 1e6).round}" # first proxy wins
+  end
+
+  def test_upstream_queue_clamped_and_garbage
+    assert_equal 0.0, UQ.seconds("t=#{((NOW + 5) * 1e6).round}", NOW) # stamp in the future: clock skew
+    assert_equal UQ::MAX, UQ.seconds("t=#{((NOW - 3600) * 1e3).round}", NOW)
+    assert_equal UQ::MAX, UQ.seconds("12", NOW) # a tiny number is not a recent stamp
+    assert_nil UQ.seconds("t=", NOW)
+    assert_nil UQ.seconds("garbage", NOW)
+  end
+
+  def cpu_burn(seconds)
+    t0 = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
+    x = 0
+    x += 1 while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) - t0 < seconds
+    x
+  end
+
+  # Serves a request that burns ~50 ms of CPU and sleeps ~50 ms; seen gets
+  # [timing, the app's own wall-clock time].
+  def burn_and_sleep_app(seen)
+    lambda do |env|
+      t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      cpu_burn(0.05)
+      sleep 0.05
+      own = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0
+      env["rack.response_finished"] << ->(e, *) { seen << [e["serval.timing"], own] }
+      [200, { "content-type" => "text/plain" }, ["ok"]]
+    end
+  end
+
+  def test_cpu_and_wall_pair_on_every_ruby
+    seen = Queue.new
+    with_server(burn_and_sleep_app(seen), max_threads: 1) do |_server, port|
+      res = http(port, "GET /work HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+      assert_equal 200, res.status
+      t, own = seen.pop
+      assert_kind_of Serval::Timing, t
+      # The app's own clock bounds wall from below; a busy machine stretches both.
+      assert_operator t.wall, :>=, own, t.to_h.inspect
+      assert_operator t.wall, :<, own + 0.01, t.to_h.inspect
+      assert_in_delta 0.05, t.cpu, 0.0075, t.to_h.inspect
+      assert_in_delta t.wall - t.cpu, t.wait, 0.005, t.to_h.inspect unless t.gvl_split?
+      assert_operator t.queue, :>=, 0
+      assert_operator t.queue, :<, 0.05
+      assert_operator t.gc, :>=, 0
+      assert_nil t.upstream_queue
+    end
+  end
+
+  def test_upstream_header_reaches_the_timing
+    seen = Queue.new
+    app = lambda do |env|
+      env["rack.response_finished"] << ->(e, *) { seen << e["serval.timing"] }
+      [200, {}, ["ok"]]
+    end
+    with_server(app) do |_server, port|
+      stamp = ((Time.now.to_f - 0.2) * 1e6).round
+      http(port, "GET / HTTP/1.1\r\nHost: x\r\nX-Request-Start: t=#{stamp}\r\nConnection: close\r\n\r\n")
+      assert_in_delta 0.2, seen.pop.upstream_queue, 0.05
+    end
+  end
+
+  def test_access_log_fields
+    out = StringIO.new
+    log = Serval::LogWriter.new(stdout: out, stderr: StringIO.new)
+    with_server(->(_env) { [200, {}, ["ok"]] }, log_writer: log, log_requests: true) do |_server, port|
+      http(port, "GET /logged HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    end
+    line = out.string.lines.grep(%r{/logged}).first
+    refute_nil line, out.string
+    if Serval::Native::GVL.supported?
+      assert_match(/ queue=\d+\.\d\d run=\d+\.\d\d idle=\d+\.\d\d stall=\d+\.\d\d$/, line)
+    else
+      assert_match(/ queue=\d+\.\d\d cpu=\d+\.\d\d wait=\d+\.\d\d$/, line)
+    end
+  end
+
+  def test_timing_off_leaves_no_trace
+    seen = Queue.new
+    app = ->(env) { seen << env.key?("serval.timing") && [200, {}, ["ok"]] }
+    with_server(app, lint: false, timing: false) do |server, port|
+      http(port, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+      assert_equal false, seen.pop
+      assert_nil server.stats[:timing]
+    end
+  end
+
+  def test_sample_rate_zero_measures_nothing
+    seen = Queue.new
+    app = ->(env) { seen << env.key?("serval.timing") && [200, {}, ["ok"]] }
+    with_server(app, lint: false, timing_sample_rate: 0.0) do |server, port|
+      http(port, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+      assert_equal false, seen.pop
+      assert_equal 0, server.stats[:timing]["queue_seconds"][:count]
+    end
+  end
+
+  def test_stats_shape_for_prometheus
+    with_server(->(_env) { [200, {}, ["ok"]] }) do |server, port|
+      3.times { http(port, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") }
+      timing = server.stats[:timing]
+      %w[queue_seconds run_seconds idle_seconds stall_seconds].each do |name|
+        h = timing.fetch(name)
+        assert_equal :histogram, h[:type]
+        assert_kind_of String, h[:help]
+        assert_equal Float::INFINITY, h[:buckets].last[0]
+        assert_equal h[:count], h[:buckets].last[1]
+        assert_equal h[:buckets].map(&:last).sort, h[:buckets].map(&:last), "cumulative"
+        assert_kind_of Float, h[:sum]
+      end
+      assert_equal 3, timing["queue_seconds"][:count]
+      assert_equal 3, timing["run_seconds"][:count]
+      %w[gvl_utilization gvl_waiting_threads gvl_split].each do |name|
+        assert_equal :gauge, timing.fetch(name)[:type]
+        assert timing[name].key?(:value)
+      end
+      split = Serval::Native::GVL.supported?
+      assert_equal(split ? 1 : 0, timing["gvl_split"][:value])
+      assert_equal(split ? 3 : 0, timing["stall_seconds"][:count])
+      assert(timing["gvl_waiting_threads"][:value].nan?) unless split
+    end
+  end
+
+  def test_gvl_trace_on_ruby_without_the_hook
+    skip "Ruby #{RUBY_VERSION} has the GVL hook: see gvl_test.rb" if Serval::Native::GVL.supported?
+    require "serval/gvl_trace"
+    e = assert_raises(NotImplementedError) { Serval::GVLTrace.record(0.1) }
+    assert_match(/Ruby 3\.2\+/, e.message)
+  end
+end
