@@ -124,12 +124,21 @@ module Serval
         nil
       end
 
-      # HUP: stdout/stderr redirected to regular files are reopened (append),
-      # so a rotated log file is let go. Terminals and pipes are left alone.
-      def reopen_logs(log_writer)
-        reopened = [$stdout, $stderr].filter_map do |io|
+      # The files stdout/stderr point to at boot (nil: a terminal or a pipe).
+      def remember_log_paths
+        @log_paths = [$stdout, $stderr].to_h do |io|
           path = File.readlink("/proc/self/fd/#{io.fileno}")
-          next unless File.file?(path)
+          [io, File.file?(path) ? path : nil]
+        rescue SystemCallError, IOError
+          [io, nil]
+        end
+      end
+
+      # HUP: stdout/stderr redirected to regular files at boot are reopened by
+      # that name (append), so a rotated log file is let go.
+      def reopen_logs(log_writer)
+        reopened = (@log_paths || {}).filter_map do |io, path|
+          next unless path
 
           io.reopen(path, "a")
           io.sync = true

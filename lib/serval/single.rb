@@ -72,6 +72,7 @@ module Serval
     private
 
     def boot
+      Launcher::Support.remember_log_paths
       Dir.chdir(@options[:directory]) if @options[:directory]
       ENV["RACK_ENV"] = @options[:environment]
       @log_writer.info("Serval #{VERSION} (ruby #{RUBY_VERSION}-p#{RUBY_PATCHLEVEL}) starting in single mode")

@@ -1,0 +1,97 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require "support/subprocess_server"
+
+# Worker health in cluster mode: replacement after SIGKILL, check-in timeout,
+# boot timeout, crash-loop backoff, workers leaving with their master.
+class ClusterHealthTest < Minitest::Test
+  include Serval::SubprocessHelpers
+
+  PID_APP = %(run ->(env) { [200, {"content-type" => "text/plain"}, [Process.pid.to_s]] }\n)
+
+  def setup
+    require "net/http"
+  end
+
+  def cluster(config, files: {})
+    body = "bind 'tcp://127.0.0.1:0'\nthreads 1, 2\n#{config}"
+    spawn_server(["-C", "c.rb"], files: { "config.ru" => PID_APP, "c.rb" => body }.merge(files)).boot
+  end
+
+  def worker_pid(server, index, except: nil)
+    deadline = Time.now + 10
+    loop do
+      pids = server.stdout.scan(/Worker #{index} \(PID: (\d+)\) booted/).flatten.map(&:to_i)
+      pid = (pids - [except]).last
+      return pid if pid
+      raise "worker #{index} never booted\n#{server.logs}" if Time.now > deadline
+
+      sleep 0.01
+    end
+  end
+
+  def now
+    Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  end
+
+  def gone?(pid)
+    state = File.read("/proc/#{pid}/stat")[/\) (\w)/, 1]
+    state == "Z"
+  rescue Errno::ENOENT, Errno::ESRCH
+    true
+  end
+
+  def test_sigkilled_worker_is_replaced_and_serving_within_one_second
+    server = cluster("workers 2\n")
+    old = worker_pid(server, 0)
+    worker_pid(server, 1)
+    killed_at = now
+    Process.kill("KILL", old)
+    fresh = worker_pid(server, 0, except: old)
+    # the new worker answers: ask until its pid shows up (2 workers share the port)
+    seen = nil
+    20.times do
+      seen = Net::HTTP.get(URI("http://127.0.0.1:#{server.port}/")).to_i
+      break if seen == fresh
+    end
+    elapsed = now - killed_at
+    assert_equal fresh, seen, server.logs
+    assert_operator elapsed, :<, 1.0, "replacement took #{elapsed}s"
+    assert_match(/Worker 0 \(PID: #{old}\) exited \(signal KILL\); respawning in 0\.0s \(failure 1 in a row\)/, server.stderr)
+  end
+
+  def test_stuck_worker_is_killed_after_worker_timeout
+    server = cluster("workers 2\nworker_timeout 1\nworker_check_interval 0.2\n")
+    old = worker_pid(server, 1)
+    Process.kill("STOP", old)
+    server.wait_for(/Worker 1 \(PID: #{old}\) timed out \(no check-in for 1\.0s\); killing it/, stream: :err, timeout: 5)
+    refute_equal old, worker_pid(server, 1, except: old)
+  end
+
+  def test_worker_that_never_boots_is_killed_after_worker_boot_timeout
+    server = cluster("workers 1\nworker_boot_timeout 1\nbefore_worker_boot { |_i| sleep 30 }\n")
+    server.wait_for(/Worker 0 \(PID: \d+\) timed out \(not booted after 1\.0s\); killing it/, stream: :err, timeout: 5)
+  end
+
+  def test_crash_loop_backs_off_and_is_logged
+    server = cluster("workers 2\nbefore_worker_boot { |i| exit!(3) if i == 1 }\n")
+    worker_pid(server, 0)
+    server.wait_for(/Worker 1 .*status 3\); respawning in 1\.0s \(failure 3 in a row\)/, stream: :err, timeout: 5)
+    lines = server.stderr.lines.grep(/Worker 1 .*respawning/)
+    assert_match(/respawning in 0\.0s \(failure 1/, lines[0])
+    assert_match(/respawning in 0\.5s \(failure 2/, lines[1])
+    assert_equal 3, lines.size, "no fork bomb: #{lines.size} respawns"
+    assert_equal "200", Net::HTTP.get_response(URI("http://127.0.0.1:#{server.port}/")).code
+  end
+
+  def test_workers_exit_when_the_master_dies
+    server = cluster("workers 2\n")
+    pids = [worker_pid(server, 0), worker_pid(server, 1)]
+    server.signal("KILL")
+    server.wait(5)
+    deadline = now + 5
+    sleep 0.02 until pids.all? { |pid| gone?(pid) } || now > deadline
+    assert(pids.all? { |pid| gone?(pid) }, "workers still alive: #{pids.reject { |p| gone?(p) }}")
+  end
+end

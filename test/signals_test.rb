@@ -1,0 +1,161 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require "support/subprocess_server"
+require "serval/signals"
+
+# Every signal of docs/signals.md against the real executable.
+class SignalsTest < Minitest::Test
+  include Serval::SubprocessHelpers
+
+  APP = <<~'RUBY'
+    run lambda { |env|
+      sleep Float(env["QUERY_STRING"][/sleep=([\d.]+)/, 1] || 0)
+      [200, {"content-type" => "text/plain"}, [Process.pid.to_s]]
+    }
+  RUBY
+
+  def setup
+    require "net/http"
+  end
+
+  def cluster(extra = "", workers: 2, args: [])
+    config = "bind 'tcp://127.0.0.1:0'\nthreads 1, 2\nworkers #{workers}\n#{extra}"
+    spawn_server(["-C", "c.rb", *args], files: { "config.ru" => APP, "c.rb" => config }).boot
+  end
+
+  def booted(server, count)
+    deadline = Time.now + 10
+    loop do
+      pids = server.stdout.scan(/Worker \d+ \(PID: (\d+)\) booted/).flatten.map(&:to_i)
+      return pids if pids.size >= count
+      raise "only #{pids.size}/#{count} boots\n#{server.logs}" if Time.now > deadline
+
+      sleep 0.01
+    end
+  end
+
+  def get(port, query = "")
+    Net::HTTP.get_response(URI("http://127.0.0.1:#{port}/?#{query}"))
+  end
+
+  def test_term_drains_in_flight_requests_then_exits
+    server = cluster
+    booted(server, 2)
+    slow = Thread.new { get(server.port, "sleep=0.5") }
+    sleep 0.1 until server.stdout.include?("booted") && slow.status == "sleep"
+    sleep 0.1 # the request reached a worker
+    server.signal("TERM")
+    assert_equal "200", slow.value.code
+    assert server.wait(10)
+    assert server.status.success?, server.logs
+    assert_includes server.stdout, "- Gracefully stopping"
+    assert_includes server.stdout, "- Goodbye!"
+  end
+
+  def test_quit_is_graceful_too
+    server = cluster
+    booted(server, 2)
+    server.signal("QUIT")
+    assert server.wait(10)
+    assert server.status.success?
+    assert_includes server.stdout, "- Gracefully stopping"
+  end
+
+  def test_int_stops_fast_even_with_a_slow_request
+    server = cluster
+    booted(server, 2)
+    slow = Thread.new do
+      get(server.port, "sleep=5")
+    rescue StandardError => e
+      e
+    end
+    sleep 0.2
+    t = Time.now
+    server.signal("INT")
+    assert server.wait(5)
+    assert_operator Time.now - t, :<, 3
+    assert_includes server.stdout, "- Stopping now"
+    slow.join(5)
+  end
+
+  def test_ttin_and_ttou_add_and_remove_a_worker
+    server = cluster
+    booted(server, 2)
+    server.signal("TTIN")
+    server.wait_for(/Worker 2 \(PID: \d+\) booted/)
+    server.signal("TTOU")
+    server.wait_for(/- Stopping worker 2 \(PID: \d+\)/)
+    server.wait_for(/- Workers: 2/)
+    assert_equal "200", get(server.port).code
+  end
+
+  def test_usr1_phased_restart_replaces_workers_one_at_a_time
+    server = cluster
+    old = booted(server, 2)
+    server.signal("USR1")
+    server.wait_for(/Phased restart to phase 1 \(preloaded: app code is not reloaded\)/)
+    server.wait_for(/Worker 1 \(PID: \d+\) booted in [\d.]+s, phase: 1/)
+    server.wait_for(/Worker 0 \(PID: \d+\) booted in [\d.]+s, phase: 1/)
+    lines = server.stdout.lines
+    first_stop = lines.index { |l| l.include?("- Stopping worker") }
+    second_stop = lines.rindex { |l| l.include?("- Stopping worker") }
+    first_new_boot = lines.index { |l| l.match?(/booted in .*phase: 1/) }
+    assert_operator first_new_boot, :<, second_stop, "the second worker stopped before the first replacement booted"
+    assert_operator first_stop, :<, first_new_boot
+    fresh = server.stdout.scan(/PID: (\d+)\) booted in [\d.]+s, phase: 1/).flatten.map(&:to_i)
+    assert_empty old & fresh
+    assert_includes fresh, get(server.port).body.to_i
+  end
+
+  def test_usr2_hot_restart_keeps_the_master_pid_and_the_socket
+    server = cluster
+    old = booted(server, 2)
+    server.signal("USR2")
+    server.wait_for(/- Restarting: exec/)
+    server.wait_for(/Adopted restart fd \d+ for tcp:\/\/127\.0\.0\.1:0/)
+    deadline = Time.now + 10
+    sleep 0.02 until server.stdout.scan(/booted/).size >= 4 || Time.now > deadline
+    fresh = server.stdout.scan(/PID: (\d+)\) booted/).flatten.map(&:to_i) - old
+    assert_equal 2, fresh.size, server.logs
+    assert_includes fresh, get(server.port).body.to_i
+    assert_match(/cluster: \d\/2/, File.read("/proc/#{server.pid}/cmdline"))
+  end
+
+  def test_usr2_in_single_mode
+    server = spawn_server(["-b", "tcp://127.0.0.1:0", "-t", "1:2"], files: { "config.ru" => APP }).boot
+    first = get(server.port).body.to_i
+    assert_equal server.pid, first
+    server.signal("USR2")
+    server.wait_for(/Adopted restart fd/)
+    deadline = Time.now + 10
+    sleep 0.02 until server.stdout.scan("Listening on").size >= 2 || Time.now > deadline
+    assert_equal server.pid, get(server.port).body.to_i
+  end
+
+  def test_hup_reopens_redirected_logs
+    dir = Dir.mktmpdir("serval-hup-")
+    log = File.join(dir, "out.log")
+    cmd = ["sh", "-c", "exec #{RbConfig.ruby} -w #{Serval::SubprocessServer::EXE} -C c.rb > #{log} 2>&1"]
+    config = "bind 'tcp://127.0.0.1:#{Serval::SubprocessServer.free_port}'\nworkers 2\n"
+    server = spawn_server(command: cmd, files: { "config.ru" => APP, "c.rb" => config }).start
+    deadline = Time.now + 10
+    sleep 0.02 until (File.exist?(log) && File.read(log).scan("booted").size >= 2) || Time.now > deadline
+    File.rename(log, "#{log}.1")
+    server.signal("HUP")
+    sleep 0.02 until (File.exist?(log) && File.read(log).include?("Reopened")) || Time.now > deadline + 5
+    assert_includes File.read(log), "- Reopened #{log}"
+  ensure
+    server&.stop
+    FileUtils.rm_rf(dir) if dir
+  end
+
+  def test_dump_signal_prints_every_thread_of_master_and_workers
+    server = cluster
+    booted(server, 2)
+    server.signal(Serval::Signals::DUMP_SIGNAL)
+    server.wait_for(/master \[\d+\] thread/, stream: :err)
+    server.wait_for(/worker 0 \[\d+\] thread serval-worker/, stream: :err)
+    server.wait_for(/worker 1 \[\d+\] thread/, stream: :err)
+  end
+end
