@@ -6,6 +6,7 @@ require "tmpdir"
 require "yaml"
 require "rack/lint"
 require "rack/mock"
+require "support/watched_io"
 require "serval/control_app"
 require "serval/control"
 require "serval/launcher"
@@ -203,7 +204,7 @@ class ControlAppTest < Minitest::Test
       options = Serval::Configuration.finish(Serval::Configuration::DEFAULTS.merge(
         binds: ["tcp://127.0.0.1:0"], control_url: "unix://#{dir}/ctl.sock", control_auth_token: TOKEN
       ))
-      out = WatchedIO.new
+      out = Serval::WatchedIO.new
       app = ->(_env) { [200, { "content-type" => "text/plain" }, ["hi"]] }
       launcher = Serval::Launcher.new(options, log_writer: Serval::LogWriter.new(stdout: out, stderr: StringIO.new),
                                                app: app, signals: false)
@@ -218,35 +219,6 @@ class ControlAppTest < Minitest::Test
       assert_match(/"stop"/, unix_get("/stop?token=#{TOKEN}", "#{dir}/ctl.sock"))
       assert_equal 0, thread.join(10)&.value
       refute File.exist?("#{dir}/ctl.sock")
-    end
-  end
-
-  # A StringIO that wakes waiters on each write: the log line is the handshake.
-  class WatchedIO < StringIO
-    def initialize
-      super
-      @mutex = Mutex.new
-      @cond = ConditionVariable.new
-    end
-
-    def write(*args)
-      @mutex.synchronize do
-        n = super
-        @cond.broadcast
-        n
-      end
-    end
-
-    def wait_for(text, timeout: 5)
-      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
-      @mutex.synchronize do
-        until string.include?(text)
-          left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
-          raise "no #{text.inspect} within #{timeout}s in:\n#{string}" if left <= 0
-
-          @cond.wait(@mutex, left)
-        end
-      end
     end
   end
 end

@@ -85,6 +85,7 @@ module Serval
       start_control if @options[:control_url]
       start_metrics if @options[:metrics_bind]
       write_state
+      announce
       self
     rescue StandardError
       stop
@@ -127,17 +128,20 @@ module Serval
     def start_control
       require "serval/control_app"
       urls = serve(@options[:control_url], ControlApp.new(@launcher, token: @token))
-      @control_urls = urls.map { |url| url.sub(%r{\Ahttp://}, "tcp://") }
-      @control_urls.each { |url| @log_writer.info("* Control app on #{url}") }
-      return if @options[:control_auth_token]
-
-      @log_writer.info("* Control token (generated): #{@token}")
+      # tools run from elsewhere: tcp:// as in the config, unix paths absolute
+      @control_urls = urls.map { |url| url.sub(%r{\Ahttp://}, "tcp://").sub(%r{\Aunix://(.+)}) { "unix://#{File.expand_path(Regexp.last_match(1))}" } }
     end
 
     def start_metrics
       require "serval/metrics_app"
       @metrics_urls = serve(@options[:metrics_bind], MetricsApp.new(@launcher))
+    end
+
+    # After the state file: a line seen means everything is ready.
+    def announce
       @metrics_urls.each { |url| @log_writer.info("* Metrics on #{url}/metrics") }
+      @log_writer.info("* Control token (generated): #{@token}") if @control_urls.any? && !@options[:control_auth_token]
+      @control_urls.each { |url| @log_writer.info("* Control app on #{url}") }
     end
 
     def serve(uri, app)
