@@ -37,6 +37,10 @@ tarball=$(ls ruby3.3_*.orig.tar.* | head -1)
 rm -rf build && mkdir build
 tar -xf "$tarball" -C build --strip-components=1
 cd build
+# Ruby's makefile downloads the bundled gems (minitest, test-unit, ...) from
+# the network itself, outside any package client; build without them: the
+# suite's gems come from `bundle install`.
+sed -i '/^[^#[:space:]]/d' gems/bundled_gems
 
 jit=()
 command -v rustc >/dev/null && jit=(--enable-yjit)

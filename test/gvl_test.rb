@@ -1,0 +1,171 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require_relative "support/http_wire"
+require "json"
+require "serval/timing"
+
+# The GVL split (run / idle / stall) and the GVL trace, from the event hook of
+# Ruby 3.2+. Known workloads: a busy loop on the monotonic clock holds the GVL
+# for its whole length; sleep releases it.
+class GVLTest < Minitest::Test
+  include Serval::HttpWire
+
+  def setup
+    return if Serval::Native::GVL.supported?
+
+    skip "Ruby #{RUBY_VERSION} has no GVL event hook (needs 3.2+); CI runs this file on Ruby 3.3"
+  end
+
+  def busy(seconds)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+    x = 0
+    x += 1 while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+    x
+  end
+
+  # Busy ~50 ms (holding the GVL), sleep ~50 ms; seen gets the finished timing.
+  def work_app(seen, gate = nil)
+    lambda do |env|
+      gate&.call
+      busy(0.05)
+      sleep 0.05
+      env["rack.response_finished"] << ->(e, *) { seen << e["serval.timing"] }
+      [200, { "content-type" => "text/plain" }, ["ok"]]
+    end
+  end
+
+  def get(port, path = "/work")
+    http(port, "GET #{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+  end
+
+  def test_one_request_reports_run_and_idle
+    seen = Queue.new
+    with_server(work_app(seen), max_threads: 1) do |_server, port|
+      assert_equal 200, get(port).status
+      t = seen.pop
+      assert t.gvl_split?
+      assert_in_delta 0.05, t.run, 0.05 * 0.15, t.to_h.inspect
+      assert_in_delta 0.05, t.idle, 0.05 * 0.15, t.to_h.inspect
+      assert_in_delta t.wall, t.run + t.idle + t.stall, 0.002, t.to_h.inspect
+      assert_operator t.stall, :<, 0.005, t.to_h.inspect
+    end
+  end
+
+  # Both requests enter the app together (a two-party barrier), so one busy
+  # loop waits for the other's GVL.
+  def test_two_threads_stall_and_the_split_adds_up
+    seen = Queue.new
+    arrived = Queue.new
+    go = Queue.new
+    gate = lambda do
+      arrived << 1
+      go.pop
+    end
+    with_server(work_app(seen, gate), lint: false, min_threads: 2, max_threads: 2) do |_server, port|
+      clients = Array.new(2) { Thread.new { get(port).status } }
+      2.times { arrived.pop }
+      2.times { go << 1 }
+      assert_equal [200, 200], clients.map(&:value)
+      timings = [seen.pop, seen.pop]
+      assert_operator timings.sum(&:stall), :>, 0.01, timings.map(&:to_h).inspect
+      timings.each do |t|
+        assert_in_delta t.wall, t.run + t.idle + t.stall, [0.002, t.wall * 0.02].max, t.to_h.inspect
+        assert_in_delta 0.05, t.run, 0.05 * 0.15, t.to_h.inspect
+      end
+    end
+  end
+
+  def test_stats_gauges_with_the_hook
+    with_server(work_app(Queue.new), max_threads: 2) do |server, port|
+      server.stats # opens the utilization window
+      t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      3.times { get(port) }
+      sleep [Serval::Timing::Recorder::MIN_WINDOW - (Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0), 0].max
+      timing = server.stats[:timing]
+      assert_equal 1, timing["gvl_split"][:value]
+      assert_operator timing["gvl_utilization"][:value], :>, 0.1 # 150 ms busy in ~1 s
+      assert_operator timing["gvl_utilization"][:value], :<=, 1.0
+      assert_kind_of Integer, timing["gvl_waiting_threads"][:value]
+      assert_equal 3, timing["run_seconds"][:count]
+      assert_in_delta 0.15, timing["run_seconds"][:sum], 0.03
+      assert_in_delta 0.15, timing["idle_seconds"][:sum], 0.03
+      # 0.05 s lands in the 0.05 bucket or the next one
+      assert_equal 0, timing["run_seconds"][:buckets].find { |le, _| le == 0.025 }[1]
+    end
+  end
+
+  def test_hook_is_registered_again_in_a_forked_child
+    Serval::Native::GVL.enable
+    reader, writer = IO.pipe
+    pid = fork do
+      reader.close
+      fresh = Serval::Native::GVL.enable
+      before = Serval::Native::GVL.sample
+      Thread.new { busy(0.03) }.join
+      sleep 0.02
+      after = Serval::Native::GVL.sample
+      writer.write(Marshal.dump([fresh, after[3] - before[3]]))
+      writer.close
+      exit!(0)
+    end
+    writer.close
+    fresh, idle = Marshal.load(reader.read) # rubocop:disable Security/MarshalLoad
+    Process.wait(pid)
+    assert_equal true, fresh, "enable in a child registers the hook anew"
+    assert_operator idle, :>, 0.025e9, "the child's hook counts its own threads"
+  ensure
+    reader&.close
+  end
+
+  def test_trace_of_a_mixed_workload
+    require "serval/gvl_trace"
+    app = lambda do |env|
+      env["PATH_INFO"] == "/cpu" ? busy(0.03) : sleep(0.03)
+      [200, {}, ["ok"]]
+    end
+    with_server(app, min_threads: 3, max_threads: 3) do |_server, port|
+      load = Thread.new do
+        clients = %w[/cpu /cpu /io].map { |path| Thread.new { 6.times { get(port, path) } } }
+        clients.each(&:join)
+      end
+      json = Serval::GVLTrace.record(0.5)
+      load.join
+      trace = JSON.parse(json)
+      events = trace.fetch("traceEvents")
+      assert_equal 0, trace["otherData"]["dropped_events"]
+      names = events.select { |e| e["ph"] == "M" && e["name"] == "thread_name" }.map { |e| e["args"]["name"] }
+      assert(names.any? { |n| n.start_with?("serval-worker") }, names.inspect)
+
+      slices = events.reject { |e| e["ph"] == "M" }
+      assert(slices.all? { |e| %w[B E].include?(e["ph"]) && e["ts"].is_a?(Numeric) })
+      slices.group_by { |e| e["tid"] }.each do |tid, list|
+        stack = []
+        last = -1
+        list.each do |e|
+          assert_operator e["ts"], :>=, last, "tid #{tid}: time goes forward"
+          last = e["ts"]
+          if e["ph"] == "B"
+            stack << e["name"]
+          else
+            assert_equal stack.pop, e["name"], "tid #{tid}: E closes the innermost B"
+          end
+        end
+        assert_empty stack, "tid #{tid}: every B has its E"
+      end
+      states = slices.select { |e| e["cat"] == "gvl" }.map { |e| e["name"] }.uniq
+      assert_includes states, "running"
+      assert_includes states, "idle"
+      assert_includes states, "waiting for GVL"
+      requests = slices.select { |e| e["cat"] == "request" }.map { |e| e["name"] }.uniq
+      assert_includes requests, "GET /cpu"
+      assert_includes requests, "GET /io"
+    end
+  end
+
+  def test_record_validates_seconds
+    require "serval/gvl_trace"
+    assert_raises(ArgumentError) { Serval::GVLTrace.record(0) }
+    assert_raises(ArgumentError) { Serval::GVLTrace.record(10_000) }
+  end
+end
