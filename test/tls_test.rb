@@ -203,6 +203,23 @@ class TLSTest < Minitest::Test
     end
   end
 
+  def test_serval_command_serves_tls_and_fails_at_boot_on_a_bad_key
+    require_relative "support/subprocess_server"
+    bind = "ssl://127.0.0.1:0?cert=#{@cert}&key=#{@key}"
+    server = Serval::SubprocessServer.new(["-b", bind, "-t", "1:2"]).start
+    port = server.wait_for(%r{Listening on ssl://127\.0\.0\.1:(\d+)})[1].to_i
+    assert_equal "hello\n", http(port).start { |h| h.get("/").body }
+    assert server.stop.success?, server.logs
+
+    bad = "ssl://127.0.0.1:0?cert=#{@cert}&key=#{@dir}/nokey.pem"
+    failing = Serval::SubprocessServer.new(["-b", bad]).start
+    refute failing.wait(15).success?
+    assert_includes failing.stderr + failing.stdout, "bind #{bad}: key #{@dir}/nokey.pem: No such file or directory"
+  ensure
+    server&.cleanup(passed?)
+    failing&.cleanup(passed?)
+  end
+
   def test_bad_certificate_path_fails_at_bind_naming_it
     uri = "ssl://127.0.0.1:0?cert=#{@dir}/missing.pem&key=#{@key}"
     error = assert_raises(Serval::ConfigError) { Serval::Binder.new.bind([uri]) }
