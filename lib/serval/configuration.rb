@@ -23,6 +23,8 @@ module Serval
       verbose: false,
       lowlevel_error_handler: nil,
       early_hints: false,
+      timing: true,
+      timing_sample_rate: 1.0,
       max_request_line: 8192,
       max_head: 65_536,
       max_headers: 128,
@@ -78,6 +80,8 @@ module Serval
       verbose: [:bool],
       lowlevel_error_handler: [:handler],
       early_hints: [:bool],
+      timing: [:bool],
+      timing_sample_rate: [:seconds, 0.0, 1.0], # a plain number in 0..1
       max_request_line: [:int, 64, 1 << 20],
       max_head: [:int, 256, 16 << 20],
       max_headers: [:int, 1, 10_000],

@@ -108,6 +108,16 @@ module Serval
       set(:early_hints, value)
     end
 
+    # Per-request timing (docs/observability.md): on by default.
+    def timing(value = true)
+      set(:timing, value)
+    end
+
+    # Share of requests measured, 0.0..1.0.
+    def timing_sample_rate(rate)
+      set(:timing_sample_rate, rate)
+    end
+
     def lowlevel_error_handler(handler = nil, &block)
       handler ||= block
       raise ConfigError, "lowlevel_error_handler: give a block or a callable" unless handler

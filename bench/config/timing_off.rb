@@ -1,0 +1,2 @@
+# bench: Serval with per-request timing off, for the instrumentation workload.
+timing false
