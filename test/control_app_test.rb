@@ -221,4 +221,49 @@ class ControlAppTest < Minitest::Test
       refute File.exist?("#{dir}/ctl.sock")
     end
   end
+
+  # --- configuration ---
+
+  def dsl_options(code)
+    Dir.mktmpdir do |dir|
+      File.write("#{dir}/serval.rb", code)
+      warnings = []
+      options = Serval::Configuration.load(config_file: "#{dir}/serval.rb", warn: ->(m) { warnings << m })
+      [options, warnings]
+    end
+  end
+
+  def test_activate_control_app_in_the_config_file
+    options, warnings = dsl_options(%(activate_control_app "tcp://127.0.0.1:9293", { auth_token: "abc" }\n) +
+                                    %(metrics_bind "tcp://127.0.0.1:9394"\nstate_path "tmp/serval.state"\n))
+    assert_equal "tcp://127.0.0.1:9293", options[:control_url]
+    assert_equal "abc", options[:control_auth_token]
+    assert_equal "tcp://127.0.0.1:9394", options[:metrics_bind]
+    assert_equal "tmp/serval.state", options[:state_path]
+    assert_empty warnings
+    _, warnings = dsl_options(%(activate_control_app "unix:///tmp/x.sock", data_only: true\n))
+    assert_equal ["serval: activate_control_app: data_only is not supported and is ignored"], warnings
+  end
+
+  def test_activate_control_app_errors_name_the_option
+    { %(activate_control_app "tcp://127.0.0.1:9293", no_token: true) => /activate_control_app: no_token is not supported/,
+      %(activate_control_app) => /activate_control_app: give a URL/,
+      %(activate_control_app "http://x:1") => /activate_control_app: expected tcp/,
+      %(activate_control_app "tcp://127.0.0.1:99999") => /activate_control_app: bind tcp:.*port/,
+      %(activate_control_app "tcp://127.0.0.1:1", bogus: 1) => /unknown option `bogus`/,
+      %(metrics_bind "ssl://127.0.0.1:1") => /metrics_bind: expected tcp/ }.each do |code, message|
+      error = assert_raises(Serval::ConfigError) { dsl_options("#{code}\n") }
+      assert_match message, error.message
+      assert_match(/serval\.rb:1: /, error.message)
+    end
+  end
+
+  def test_cli_flags
+    require "serval/cli"
+    cli = Serval::CLI.new(%w[--control-url unix:///tmp/c.sock --control-token t --metrics-bind tcp://127.0.0.1:0 -S s.yml])
+    cli.send(:parse)
+    opts = cli.instance_variable_get(:@cli)
+    assert_equal({ control_url: "unix:///tmp/c.sock", control_auth_token: "t", metrics_bind: "tcp://127.0.0.1:0",
+                   state_path: "s.yml" }, opts)
+  end
 end

@@ -174,7 +174,7 @@ module Serval
       when :workers then range(name, workers(name, value), min, max)
       when :bool_or_nil then value.nil? ? nil : bool(name, value)
       when :hooks then hooks(name, key, value)
-      when :bind_or_nil then value.nil? ? nil : binds(name, value).first
+      when :bind_or_nil then value.nil? ? nil : plain_bind(name, value)
       end
     end
 
@@ -263,6 +263,20 @@ module Serval
 
         hook
       end.freeze
+    end
+
+    # control_url, metrics_bind: one tcp:// or unix:// URI (plain HTTP only).
+    def self.plain_bind(name, value)
+      uri = string(name, value)
+      raise ConfigError, "#{name}: expected tcp://HOST:PORT or unix://PATH, got #{uri}" unless uri.match?(%r{\A(tcp|unix)://})
+
+      require "serval/binder"
+      Binder.parse(uri)
+      uri
+    rescue ConfigError => e
+      raise if e.message.start_with?("#{name}:")
+
+      raise ConfigError, "#{name}: #{e.message}"
     end
 
     def self.binds(name, value)
