@@ -6,7 +6,7 @@
 #                          for the rest of ms (default 20 ms, 70 % CPU)
 #   /io?n=6&ms=10       -> n sleeps of ms each: an I/O-bound request with n
 #                          blocking calls (default 6 x 10 ms = 60 ms)
-#   /cpu?seconds=S      -> burn S seconds of CPU (default 5)
+#   /cpu?seconds=S      -> compute for S seconds of wall time (default 5)
 #   else                -> "Hello World"
 HEADERS = { "content-type" => "text/plain" }.freeze
 THREAD_CLOCK = Process::CLOCK_THREAD_CPUTIME_ID
@@ -20,6 +20,13 @@ def burn(seconds)
   while Process.clock_gettime(THREAD_CLOCK) < stop
     200.times { a, b = b, (a + b) & 0xffffffff }
   end
+  a
+end
+
+# Compute until a wall-clock deadline (never blocking, so holding the GVL).
+def spin_until(deadline)
+  a = 0
+  a += 1 while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
   a
 end
 
@@ -43,7 +50,7 @@ run lambda { |env|
     param(env, "n", 6).to_i.times { sleep(param(env, "ms", 10) / 1000.0) }
     text("io")
   when "/cpu"
-    burn(param(env, "seconds", 5))
+    spin_until(Process.clock_gettime(Process::CLOCK_MONOTONIC) + param(env, "seconds", 5))
     text("cpu")
   else
     text("Hello World")

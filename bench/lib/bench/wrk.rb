@@ -18,7 +18,7 @@ module Bench
       argv = ["wrk", "-t#{threads}", "-c#{connections}", "-d#{duration}s", "--latency"]
       headers.each { |h| argv.push("-H", h) }
       argv.push("-s", script) if script
-      argv.push("--timeout", "#{timeout}s") if timeout
+      argv.push("--timeout", "#{timeout.ceil}s") if timeout
       ctx.pin_client(argv + [url])
     end
 

@@ -48,7 +48,7 @@ module Bench
 
       # Run the block while GET /cpu burns CPU for longer than the block takes.
       def with_cpu_request(process)
-        seconds = duration + 2
+        seconds = duration + 1
         cpu = Thread.new do
           HTTP.get("127.0.0.1", process.port, "/cpu?seconds=#{seconds}", timeout: seconds * 4 + 10)
         rescue StandardError => e
