@@ -176,6 +176,8 @@ static void do_accept(sv_core *core, sv_listener *l)
         }
         c->deadline = sv_now() + core->opt.first_data_timeout;
         atomic_fetch_add(&core->accepted, 1);
+        if (core->opt.balance)
+            set_partial(c, 1); /* a drain waits for its first request (conn_expired) */
         struct epoll_event ev;
         memset(&ev, 0, sizeof(ev));
         ev.events = EPOLLIN | EPOLLONESHOT;
@@ -604,8 +606,14 @@ static int conn_expired(sv_conn *c, double now, int draining)
 {
     if (atomic_load(&c->owner) != SV_OWN_LOOP)
         return 0;
-    if (draining && c->state == SV_ST_HEAD && c->in.len == 0)
-        return 1;
+    if (draining && c->state == SV_ST_HEAD && c->in.len == 0) {
+        if (c->nreq > 0 || !c->core->opt.balance)
+            return 1;
+        /* balance (cluster worker): a connection accepted just before the
+         * drain gets a moment for its first request, which is on its way */
+        double accepted = c->deadline - c->core->opt.first_data_timeout;
+        return now > accepted + SV_DRAIN_FRESH_SECONDS;
+    }
     return now > c->deadline;
 }
 

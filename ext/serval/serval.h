@@ -28,6 +28,7 @@
 #define SV_EVENTS 128                /* epoll events per wait */
 #define SV_REMOTE_MAX 64
 #define SV_DRAIN_ACK_SECONDS 1.0     /* Core#drain waits this long for the loop to stop accepting */
+#define SV_DRAIN_FRESH_SECONDS 0.5   /* balance: a drain's grace for a new connection's first request */
 
 enum { SV_KIND_LISTENER = 1, SV_KIND_CONN = 2, SV_KIND_WAKE = 3 };
 enum { SV_OWN_LOOP = 0, SV_OWN_RUBY = 1, SV_OWN_DEAD = 2 };
