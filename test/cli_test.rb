@@ -146,7 +146,7 @@ class CLITest < Minitest::Test
       "config/serval.rb" => "workers 2\nplugin :tmp_restart\nbind 'tcp://127.0.0.1:0'\n"
     }
     server = spawn_server([], files: files).boot
-    assert_includes server.stderr, "serval: config option `workers` is not supported yet and is ignored"
+    assert_includes server.stderr, "serval: config option `plugin` is not supported yet and is ignored"
     assert_match(%r{\AHTTP/1\.1 200 }, raw_request(server.port, GET))
     assert_equal 0, server.stop.exitstatus
   end

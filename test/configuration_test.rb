@@ -116,13 +116,13 @@ class ConfigurationTest < Minitest::Test
       fork_worker
       ssl_bind "0.0.0.0", 9293, key: "k", cert: "c"
       worker_timeout 60
-      workers 0
     RUBY
     assert_equal Serval::Configuration::DEFAULTS[:binds], options[:binds]
-    %w[workers preload_app! plugin on_worker_boot fork_worker ssl_bind worker_timeout].each do |name|
+    %w[plugin fork_worker ssl_bind].each do |name|
       assert_includes @warnings, "serval: config option `#{name}` is not supported yet and is ignored"
     end
-    assert_equal 7, @warnings.size # workers 0 is single mode: no warning
+    assert_equal 3, @warnings.size # cluster options are supported
+    assert_equal [2, true, 60.0, 1], options.values_at(:workers, :preload_app, :worker_timeout).push(options[:before_worker_boot].size)
   end
 
   def test_rails_config_loads_with_warnings_only
@@ -152,7 +152,7 @@ class ConfigurationTest < Minitest::Test
       assert_equal [5, 5], options.values_at(:min_threads, :max_threads)
       assert_equal "development", options[:environment]
       assert_equal "tmp/pids/server.pid", options[:pidfile]
-      assert_equal(%w[worker_timeout plugin], @warnings.map { |w| w[/`(\w+)`/, 1] })
+      assert_equal(%w[plugin], @warnings.map { |w| w[/`(\w+)`/, 1] })
     end
   end
 
