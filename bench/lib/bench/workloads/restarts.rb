@@ -21,7 +21,7 @@ module Bench
 
       def description
         "Serval -w 2 (3 for TTOU) -t 2:2, 4 client threads (keep-alive 1..5 requests per connection); " \
-          "the signal is sent after #{requests / 2} answered requests, the run ends after #{requests} or more"
+          "the signal is sent after #{requests / 2} answered requests (TERM: #{requests}), the run ends after #{requests} or more"
       end
 
       def run(servers)
@@ -47,7 +47,7 @@ module Bench
         process.wait_ready
         sleep 1
         load = ::Serval::LoadClient.new(process.port, threads: 4).start
-        load.wait_for_more(requests / 2, timeout: 120)
+        load.wait_for_more(signal == "TERM" ? requests : requests / 2, timeout: 120)
         load.refuse_from_now if signal == "TERM"
         Process.kill(signal, process.pid)
         if signal == "TERM"
