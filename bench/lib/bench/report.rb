@@ -105,7 +105,8 @@ module Bench
     def example(workload)
       cmd = nil
       workload["servers"].each_value do |s|
-        cmd ||= s["wrk_command"] || s.dig("runs", 0, "wrk_command") || s.dig("phases", "slowloris", "attack_command")
+        cmd ||= s["wrk_command"] || s.dig("runs", 0, "wrk_command") || s.dig("runs", 0, "command") ||
+               s.dig("phases", "slowloris", "attack_command")
       end
       cmd ? " Load generator, e.g.: `#{cmd.gsub(/127\.0\.0\.1:\d+/, '127.0.0.1:PORT')}`" : ""
     end
@@ -215,6 +216,8 @@ module Bench
       File.write(data, rows.map { |r| r.map { |c| c.is_a?(String) ? "\"#{c}\"" : c.to_s }.join(" ") }.join("\n") + "\n")
       png = File.join(@dir, "#{key}.png")
       ncols = rows.first.size
+      top = rows.drop(1).flat_map { |r| r.drop(1) }.grep(Numeric).max.to_f
+      top = 1.0 unless top.positive?
       style = if lines
                 "plot for [i=2:#{ncols}] '#{data}' using 0:i:xtic(1) with linespoints lw 2 title columnheader(i)"
               else
@@ -226,7 +229,7 @@ module Bench
         set output '#{png}'
         set title "#{title.gsub('"', "'")}"
         set ylabel "#{ylabel}"
-        set yrange [0:*]
+        set yrange [0:#{(top * 1.12).round(3)}]
         set grid ytics
         set key outside right top
         #{style}

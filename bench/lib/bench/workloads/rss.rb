@@ -40,9 +40,10 @@ module Bench
       end
 
       def table(result)
-        rows = [%w[server version processes RSS rounds(kB)]]
+        rows = [["server", "version", "processes", "RSS", "vs serval", "rounds(kB)"]]
         result["servers"].each do |sname, s|
-          rows << [sname, s["version"], s["processes"].to_s, format("%.1f MB", s["rss_mb"]), s["rounds_kb"].join(", ")]
+          rows << [sname, s["version"], s["processes"].to_s, format("%.1f MB", s["rss_mb"]),
+                   vs_serval(result["servers"], sname, "rss_mb"), s["rounds_kb"].join(", ")]
         end
         [rows, ["figures: #{result['pick']}", "serval/puma RSS: #{result['ratio'] || 'n/a'} (issue target <= 1.0)"]]
       end
