@@ -85,6 +85,7 @@ module Serval
       @log_writer.info("* Environment: #{@options[:environment]}")
       @log_writer.info("* Workers: #{@wanted}, threads: #{@options[:min_threads]}..#{@options[:max_threads]}, " \
                        "preload: #{@preload}")
+      require "serval/server" # the extension is loaded once, before fork
       @app ||= Launcher::Support.load_app(@options[:rackup]) if @preload
       @binder = Binder.new(backlog: @options[:backlog], log_writer: @log_writer)
       @binder.bind(@options[:binds])
