@@ -61,7 +61,7 @@ class TimingTest < Minitest::Test
 
   def test_cpu_and_wall_pair_on_every_ruby
     seen = Queue.new
-    with_server(burn_and_sleep_app(seen), max_threads: 1) do |_server, port|
+    with_server(burn_and_sleep_app(seen), max_threads: 1, timing_sample_rate: 1.0) do |_server, port|
       res = http(port, "GET /work HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
       assert_equal 200, res.status
       t, own = seen.pop
@@ -94,7 +94,8 @@ class TimingTest < Minitest::Test
   def test_access_log_fields
     out = StringIO.new
     log = Serval::LogWriter.new(stdout: out, stderr: StringIO.new)
-    with_server(->(_env) { [200, {}, ["ok"]] }, log_writer: log, log_requests: true) do |_server, port|
+    with_server(->(_env) { [200, {}, ["ok"]] }, log_writer: log, log_requests: true,
+                                                timing_sample_rate: 1.0) do |_server, port|
       http(port, "GET /logged HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     end
     line = out.string.lines.grep(%r{/logged}).first
@@ -116,18 +117,42 @@ class TimingTest < Minitest::Test
     end
   end
 
-  def test_sample_rate_zero_measures_nothing
+  # The sample rate governs only the thread CPU clock (a system call): with
+  # 0.0 no request reads it, every request still gets queue, wall and GC.
+  def test_sample_rate_zero_reads_no_cpu_clock
     seen = Queue.new
-    app = ->(env) { seen << env.key?("serval.timing") && [200, {}, ["ok"]] }
-    with_server(app, lint: false, timing_sample_rate: 0.0) do |server, port|
-      http(port, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-      assert_equal false, seen.pop
-      assert_equal 0, server.stats[:timing]["queue_seconds"][:count]
+    app = lambda do |env|
+      env["rack.response_finished"] << ->(e, *) { seen << e["serval.timing"] }
+      [200, {}, ["ok"]]
+    end
+    with_server(app, timing_sample_rate: 0.0) do |server, port|
+      2.times { http(port, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") }
+      2.times do
+        t = seen.pop
+        assert_nil t.cpu
+        assert_operator t.wall, :>, 0
+        assert_operator t.gc, :>=, 0
+      end
+      assert_equal 2, server.stats[:timing]["queue_seconds"][:count]
+    end
+  end
+
+  # With rate 0.5 every second request reads the CPU clock (deterministic).
+  def test_sample_rate_half_measures_every_second_request
+    seen = Queue.new
+    app = lambda do |env|
+      env["rack.response_finished"] << ->(e, *) { seen << e["serval.timing"] }
+      [200, {}, ["ok"]]
+    end
+    with_server(app, timing_sample_rate: 0.5, max_threads: 1) do |_server, port|
+      4.times { http(port, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") }
+      cpus = Array.new(4) { seen.pop.cpu }
+      assert_equal 2, cpus.compact.size, cpus.inspect
     end
   end
 
   def test_stats_shape_for_prometheus
-    with_server(->(_env) { [200, {}, ["ok"]] }) do |server, port|
+    with_server(->(_env) { [200, {}, ["ok"]] }, timing_sample_rate: 1.0) do |server, port|
       3.times { http(port, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") }
       timing = server.stats[:timing]
       %w[queue_seconds run_seconds idle_seconds stall_seconds].each do |name|

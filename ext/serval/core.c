@@ -109,6 +109,7 @@ static void read_options(sv_options *o, VALUE opts)
     o->max_connections = (size_t)opt_num(opts, "max_connections", 1024, 1);
     o->output_buffer = (size_t)opt_num(opts, "output_buffer", 4194304, 4096);
     o->max_keepalive_requests = (unsigned)opt_num(opts, "max_keepalive_requests", 1000, 1);
+    o->balance = RTEST(rb_hash_lookup(opts, ID2SYM(rb_intern("balance"))));
     VALUE tmp = rb_hash_lookup2(opts, ID2SYM(rb_intern("tmpdir")), Qnil);
     const char *dir = NIL_P(tmp) ? "/tmp" : StringValueCStr(tmp);
     if (strlen(dir) >= sizeof(o->tmpdir))
@@ -213,6 +214,10 @@ static void *wait_nogvl(void *p)
     ts.tv_nsec = (long)((a->deadline - (double)ts.tv_sec) * 1e9);
     pthread_mutex_lock(&core->mu);
     core->waiting++;
+    if (core->balance_paused && core->waiting > (int)core->queued) {
+        core->balance_paused = 0; /* only on the transition: one wake per pause */
+        sv_core_wake(core);
+    }
     while (!core->q_head && !a->interrupted && !nothing_more(core)) {
         if (pthread_cond_timedwait(&core->cv, &core->mu, &ts) == ETIMEDOUT)
             break;

@@ -264,6 +264,29 @@ static VALUE gvl_sample(VALUE mod)
     return rb_ary_new_from_args(5, ULL2NUM(now), cpu, run, idle, stall);
 }
 
+/* The calling thread's run/idle/stall nanoseconds so far; 0 without the hook. */
+int sv_gvl_counters(uint64_t out[3])
+{
+#ifdef SV_GVL_HOOK
+    if (!hook)
+        return 0;
+    uint64_t now = now_ns(CLOCK_MONOTONIC);
+    sv_gvl_slot *s = current_slot(now);
+    if (!s)
+        return 0;
+    uint64_t r = atomic_load_explicit(&s->ns[SV_GVL_RUN], memory_order_relaxed);
+    if (s->state == SV_GVL_RUN)
+        r += now - s->since;
+    out[0] = r;
+    out[1] = atomic_load_explicit(&s->ns[SV_GVL_IDLE], memory_order_relaxed);
+    out[2] = atomic_load_explicit(&s->ns[SV_GVL_WAIT], memory_order_relaxed);
+    return 1;
+#else
+    (void)out;
+    return 0;
+#endif
+}
+
 static VALUE gvl_supported_p(VALUE mod)
 {
 #ifdef SV_GVL_HOOK

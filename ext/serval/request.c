@@ -303,6 +303,12 @@ static VALUE req_early_hints(VALUE self, VALUE headers)
     return Qtrue;
 }
 
+double sv_request_queued_at(VALUE self)
+{
+    sv_req *r = get(self);
+    return r->conn ? r->conn->queued_at : 0.0;
+}
+
 static VALUE req_queued_at(VALUE self)
 {
     return DBL2NUM(conn_of(self)->queued_at);

@@ -21,5 +21,6 @@ void Init_serval_ext(void)
     sv_init_request(mNative);
     sv_init_tls(mNative);
     sv_init_gvl(mNative);
+    sv_init_timing(mServal);
     rb_define_const(mNative, "HEADERS_CAP", INT2NUM(SV_HEADERS_CAP));
 }

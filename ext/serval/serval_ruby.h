@@ -17,6 +17,10 @@ void sv_init_env(void);
 void sv_init_tls(VALUE mNative);
 void *sv_tls_ctx_get(VALUE tls_context);
 VALUE sv_build_env(sv_conn *c, VALUE tmpl);
+double sv_request_queued_at(VALUE req);
+int sv_gvl_counters(uint64_t out[3]);
+void sv_init_timing(VALUE mServal);
+double sv_upstream_epoch(const char *p, long n);
 int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw);
 
 #endif

@@ -28,7 +28,7 @@ module Serval
       @errors = ErrorResponder.new(options[:lowlevel_error_handler], log_writer)
       @writer = ResponseWriter.new
       # nil when off: one branch per request (see docs/observability.md)
-      @timing = (Timing::Recorder.new(sample_rate: options.fetch(:timing_sample_rate, 1.0)) if options.fetch(:timing, true))
+      @timing = (Timing::Recorder.new(sample_rate: options.fetch(:timing_sample_rate, 0.1)) if options.fetch(:timing, true))
     end
 
     def call(request)
@@ -56,8 +56,8 @@ module Serval
       ensure
         close_body(body)
       end
+      @timing.finish(timing, env) if timing # before the client can see the response: stats never lag
       request.finish unless hijack.full?
-      @timing.finish(timing, env) if timing
       log_access(env, status, started, timing) if @log_requests
       run_callbacks(env, status, headers, error, finished, after)
     ensure

@@ -1,0 +1,296 @@
+/*
+ * Serval::Timing - where one request's time went, measured in C.
+ *
+ * Timing.start(request, env, measure_cpu) is called just before the app and
+ * Timing#finish just after the response is handed to the core. Both run with
+ * the GVL held, so the process-wide histograms below need no lock. The cheap
+ * figures (queue, wall, GC, and on Ruby 3.2+ the GVL split from the hook) are
+ * taken for every request; the thread CPU clock is a system call (~0.6 us
+ * measured here), so it is read only when the caller asks (sampled).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <ruby.h>
+#include "serval_ruby.h"
+
+#define SV_TM_METRICS 4          /* queue, run, idle, stall */
+#define SV_TM_BUCKETS 13
+#define SV_TM_SLOTS (SV_TM_BUCKETS + 1)
+#define SV_UPSTREAM_MAX 60.0     /* seconds; larger upstream queue times are clamped (skew) */
+
+static const double bucket_le[SV_TM_BUCKETS] = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+};
+
+enum { TM_QUEUE = 0, TM_RUN, TM_IDLE, TM_STALL };
+
+/* Process-wide aggregates: touched only with the GVL held. */
+static uint64_t agg_counts[SV_TM_METRICS][SV_TM_SLOTS];
+static double agg_sums[SV_TM_METRICS];
+static double agg_cpu;
+
+typedef struct {
+    uint64_t start_ns, end_ns;
+    uint64_t cpu0, cpu1;         /* thread CPU ns; valid when has_cpu */
+    uint64_t gc0, gc1;           /* GC.total_time ns */
+    uint64_t gvl0[3], gvl1[3];   /* run, idle, stall ns; valid when has_gvl */
+    double queue;
+    double upstream;             /* NaN when no header */
+    int has_cpu, has_gvl, finished;
+} sv_tm;
+
+static VALUE cTiming, k_timing, k_xrs, k_xqs;
+static ID id_total_time;
+
+static const rb_data_type_t tm_type = {
+    "Serval::Timing",
+    {NULL, RUBY_TYPED_DEFAULT_FREE, NULL},
+    NULL, NULL, RUBY_TYPED_FREE_IMMEDIATELY,
+};
+
+static uint64_t clock_ns(clockid_t clk)
+{
+    struct timespec ts;
+    clock_gettime(clk, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t gc_ns(void)
+{
+    return NUM2ULL(rb_funcall(rb_mGC, id_total_time, 0));
+}
+
+static sv_tm *get(VALUE self)
+{
+    sv_tm *t;
+    TypedData_Get_Struct(self, sv_tm, &tm_type, t);
+    return t;
+}
+
+/* Seconds since the epoch stamped by a proxy: "t=1700000000.123", a bare
+ * number, in s, ms, us or ns (told by magnitude). NaN when there is no number. */
+double sv_upstream_epoch(const char *p, long n)
+{
+    long i = 0;
+    while (i < n && (p[i] < '0' || p[i] > '9'))
+        i++;
+    if (i == n)
+        return NAN;
+    double v = 0, scale = 0;
+    int digits = 0;
+    for (; i < n && digits < 40; i++) {
+        char ch = p[i];
+        if (ch >= '0' && ch <= '9') {
+            v = v * 10 + (ch - '0');
+            if (scale > 0)
+                scale *= 10;
+            digits++;
+        } else if (ch == '.' && scale == 0) {
+            scale = 1;
+        } else {
+            break;
+        }
+    }
+    if (scale > 1)
+        v /= scale;
+    if (v >= 1e17) return v / 1e9;
+    if (v >= 1e14) return v / 1e6;
+    if (v >= 1e11) return v / 1e3;
+    return v;
+}
+
+static double upstream_seconds(VALUE header)
+{
+    if (!RB_TYPE_P(header, T_STRING))
+        return NAN;
+    double stamp = sv_upstream_epoch(RSTRING_PTR(header), RSTRING_LEN(header));
+    if (isnan(stamp))
+        return NAN;
+    double now = (double)clock_ns(CLOCK_REALTIME) / 1e9;
+    double d = now - stamp;
+    return d < 0 ? 0 : (d > SV_UPSTREAM_MAX ? SV_UPSTREAM_MAX : d);
+}
+
+/* Timing.start(request, env, measure_cpu) -> Timing, stored as env["serval.timing"]. */
+static VALUE tm_start(VALUE klass, VALUE request, VALUE env, VALUE measure_cpu)
+{
+    sv_tm *t;
+    VALUE obj = TypedData_Make_Struct(cTiming, sv_tm, &tm_type, t);
+    t->start_ns = clock_ns(CLOCK_MONOTONIC);
+    double q = (double)t->start_ns / 1e9 - sv_request_queued_at(request);
+    t->queue = q < 0 ? 0 : q;
+    VALUE h = rb_hash_lookup2(env, k_xrs, Qnil);
+    if (NIL_P(h))
+        h = rb_hash_lookup2(env, k_xqs, Qnil);
+    t->upstream = NIL_P(h) ? NAN : upstream_seconds(h);
+    t->gc0 = gc_ns();
+    t->has_gvl = sv_gvl_counters(t->gvl0);
+    if (RTEST(measure_cpu)) {
+        t->has_cpu = 1;
+        t->cpu0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+    }
+    rb_hash_aset(env, k_timing, obj);
+    return obj;
+}
+
+static void add(int metric, double v)
+{
+    int i = 0;
+    while (i < SV_TM_BUCKETS && v > bucket_le[i])
+        i++;
+    agg_counts[metric][i]++;
+    agg_sums[metric] += v;
+}
+
+static VALUE tm_finish(VALUE self)
+{
+    sv_tm *t = get(self);
+    if (t->finished)
+        return self;
+    t->finished = 1;
+    t->end_ns = clock_ns(CLOCK_MONOTONIC);
+    t->gc1 = gc_ns();
+    if (t->has_cpu)
+        t->cpu1 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+    if (t->has_gvl)
+        t->has_gvl = sv_gvl_counters(t->gvl1);
+    add(TM_QUEUE, t->queue);
+    if (t->has_gvl) {
+        add(TM_RUN, (double)(t->gvl1[0] - t->gvl0[0]) / 1e9);
+        add(TM_IDLE, (double)(t->gvl1[1] - t->gvl0[1]) / 1e9);
+        add(TM_STALL, (double)(t->gvl1[2] - t->gvl0[2]) / 1e9);
+    } else if (t->has_cpu) {
+        double wall = (double)(t->end_ns - t->start_ns) / 1e9;
+        double cpu = (double)(t->cpu1 - t->cpu0) / 1e9;
+        agg_cpu += cpu;
+        add(TM_RUN, cpu);
+        add(TM_IDLE, wall > cpu ? wall - cpu : 0);
+    }
+    return self;
+}
+
+#define NS(x) DBL2NUM((double)(x) / 1e9)
+
+static VALUE tm_queue(VALUE self) { return DBL2NUM(get(self)->queue); }
+static VALUE tm_upstream(VALUE self)
+{
+    double u = get(self)->upstream;
+    return isnan(u) ? Qnil : DBL2NUM(u);
+}
+static VALUE tm_started_ns(VALUE self) { return ULL2NUM(get(self)->start_ns); }
+static VALUE tm_finished_ns(VALUE self)
+{
+    sv_tm *t = get(self);
+    return t->finished ? ULL2NUM(t->end_ns) : Qnil;
+}
+static VALUE tm_wall(VALUE self)
+{
+    sv_tm *t = get(self);
+    return t->finished ? NS(t->end_ns - t->start_ns) : Qnil;
+}
+static VALUE tm_gc(VALUE self)
+{
+    sv_tm *t = get(self);
+    return t->finished ? NS(t->gc1 - t->gc0) : Qnil;
+}
+static VALUE tm_cpu(VALUE self)
+{
+    sv_tm *t = get(self);
+    return t->finished && t->has_cpu ? NS(t->cpu1 - t->cpu0) : Qnil;
+}
+static VALUE tm_gvl(VALUE self, int k)
+{
+    sv_tm *t = get(self);
+    return t->finished && t->has_gvl ? NS(t->gvl1[k] - t->gvl0[k]) : Qnil;
+}
+static VALUE tm_run(VALUE self) { return tm_gvl(self, 0); }
+static VALUE tm_idle(VALUE self) { return tm_gvl(self, 1); }
+static VALUE tm_stall(VALUE self) { return tm_gvl(self, 2); }
+
+/* wall - run with the hook (idle + stall); else wall - cpu; nil when neither. */
+static VALUE tm_wait(VALUE self)
+{
+    sv_tm *t = get(self);
+    if (!t->finished)
+        return Qnil;
+    if (t->has_gvl)
+        return NS((t->gvl1[1] - t->gvl0[1]) + (t->gvl1[2] - t->gvl0[2]));
+    if (!t->has_cpu)
+        return Qnil;
+    double wall = (double)(t->end_ns - t->start_ns) / 1e9, cpu = (double)(t->cpu1 - t->cpu0) / 1e9;
+    return DBL2NUM(wall > cpu ? wall - cpu : 0);
+}
+
+static VALUE tm_gvl_split_p(VALUE self)
+{
+    return get(self)->has_gvl ? Qtrue : Qfalse;
+}
+
+/* [flat counts (metric-major, SV_TM_SLOTS each), sums, cpu_total, bucket bounds]. */
+static VALUE tm_aggregate(VALUE klass)
+{
+    VALUE counts = rb_ary_new_capa(SV_TM_METRICS * SV_TM_SLOTS);
+    VALUE sums = rb_ary_new_capa(SV_TM_METRICS);
+    for (int m = 0; m < SV_TM_METRICS; m++) {
+        for (int i = 0; i < SV_TM_SLOTS; i++)
+            rb_ary_push(counts, ULL2NUM(agg_counts[m][i]));
+        rb_ary_push(sums, DBL2NUM(agg_sums[m]));
+    }
+    VALUE le = rb_ary_new_capa(SV_TM_BUCKETS);
+    for (int i = 0; i < SV_TM_BUCKETS; i++)
+        rb_ary_push(le, DBL2NUM(bucket_le[i]));
+    return rb_ary_new_from_args(4, counts, sums, DBL2NUM(agg_cpu), le);
+}
+
+/* Zeroes the aggregates (a forked child starts its own). */
+static VALUE tm_reset(VALUE klass)
+{
+    memset(agg_counts, 0, sizeof(agg_counts));
+    memset(agg_sums, 0, sizeof(agg_sums));
+    agg_cpu = 0;
+    return Qnil;
+}
+
+static VALUE tm_upstream_epoch(VALUE klass, VALUE s)
+{
+    StringValue(s);
+    double v = sv_upstream_epoch(RSTRING_PTR(s), RSTRING_LEN(s));
+    return isnan(v) ? Qnil : DBL2NUM(v);
+}
+
+static VALUE fstr(const char *s)
+{
+    VALUE v = rb_obj_freeze(rb_str_new_cstr(s));
+    rb_gc_register_mark_object(v);
+    return v;
+}
+
+void sv_init_timing(VALUE mServal)
+{
+    id_total_time = rb_intern("total_time");
+    k_timing = fstr("serval.timing");
+    k_xrs = fstr("HTTP_X_REQUEST_START");
+    k_xqs = fstr("HTTP_X_QUEUE_START");
+    cTiming = rb_define_class_under(mServal, "Timing", rb_cObject);
+    rb_undef_alloc_func(cTiming);
+    rb_define_singleton_method(cTiming, "start", tm_start, 3);
+    rb_define_singleton_method(cTiming, "aggregate", tm_aggregate, 0);
+    rb_define_singleton_method(cTiming, "reset_aggregate", tm_reset, 0);
+    rb_define_singleton_method(cTiming, "upstream_epoch", tm_upstream_epoch, 1);
+    rb_define_const(cTiming, "UPSTREAM_MAX", DBL2NUM(SV_UPSTREAM_MAX));
+    rb_define_method(cTiming, "finish", tm_finish, 0);
+    rb_define_method(cTiming, "queue", tm_queue, 0);
+    rb_define_method(cTiming, "upstream_queue", tm_upstream, 0);
+    rb_define_method(cTiming, "wall", tm_wall, 0);
+    rb_define_method(cTiming, "cpu", tm_cpu, 0);
+    rb_define_method(cTiming, "gc", tm_gc, 0);
+    rb_define_method(cTiming, "run", tm_run, 0);
+    rb_define_method(cTiming, "idle", tm_idle, 0);
+    rb_define_method(cTiming, "stall", tm_stall, 0);
+    rb_define_method(cTiming, "wait", tm_wait, 0);
+    rb_define_method(cTiming, "started_ns", tm_started_ns, 0);
+    rb_define_method(cTiming, "finished_ns", tm_finished_ns, 0);
+    rb_define_method(cTiming, "gvl_split?", tm_gvl_split_p, 0);
+}
