@@ -41,7 +41,7 @@ class GVLTest < Minitest::Test
 
   def test_one_request_reports_run_and_idle
     seen = Queue.new
-    with_server(work_app(seen), max_threads: 1) do |_server, port|
+    with_server(work_app(seen), max_threads: 1, timing_sample_rate: 1.0) do |_server, port|
       assert_equal 200, get(port).status
       t = seen.pop
       assert t.gvl_split?
@@ -62,7 +62,7 @@ class GVLTest < Minitest::Test
       arrived << 1
       go.pop
     end
-    with_server(work_app(seen, gate), lint: false, min_threads: 2, max_threads: 2) do |_server, port|
+    with_server(work_app(seen, gate), lint: false, min_threads: 2, max_threads: 2, timing_sample_rate: 1.0) do |_server, port|
       clients = Array.new(2) { Thread.new { get(port).status } }
       2.times { arrived.pop }
       2.times { go << 1 }
@@ -77,7 +77,7 @@ class GVLTest < Minitest::Test
   end
 
   def test_stats_gauges_with_the_hook
-    with_server(work_app(Queue.new), max_threads: 2) do |server, port|
+    with_server(work_app(Queue.new), max_threads: 2, timing_sample_rate: 1.0) do |server, port|
       server.stats # opens the utilization window
       t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
       3.times { get(port) }
@@ -124,7 +124,7 @@ class GVLTest < Minitest::Test
       env["PATH_INFO"] == "/cpu" ? busy(0.03) : sleep(0.03)
       [200, {}, ["ok"]]
     end
-    with_server(app, min_threads: 3, max_threads: 3) do |_server, port|
+    with_server(app, min_threads: 3, max_threads: 3, timing_sample_rate: 1.0) do |_server, port|
       load = Thread.new do
         clients = %w[/cpu /cpu /io].map { |path| Thread.new { 6.times { get(port, path) } } }
         clients.each(&:join)

@@ -27,7 +27,7 @@ class RackEnvTest < Minitest::Test
   end
 
   def test_get_with_query_has_every_spec_key
-    with_env_capture do |port, envs|
+    with_env_capture(timing_sample_rate: 1.0) do |port, envs|
       res = http(port, "GET /a/b%20c?x=1&y=%2F HTTP/1.1\r\nHost: example.com:8080\r\nUser-Agent: t\r\n" \
                        "Accept: */*\r\nConnection: close\r\n\r\n")
       assert_equal 200, res.status, res.body

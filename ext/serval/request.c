@@ -18,11 +18,15 @@ typedef struct {
     VALUE core_obj;
     sv_core *core;
     sv_conn *conn;      /* NULL once finished, hijacked or aborted */
+    sv_tm tm;           /* timing of an unsampled request: no allocation */
+    sv_tm *tm_cur;      /* &tm, or the record inside tm_obj */
+    VALUE tm_obj;       /* env["serval.timing"] of a sampled request, or Qnil */
 } sv_req;
 
 static void req_mark(void *p)
 {
     rb_gc_mark(((sv_req *)p)->core_obj);
+    rb_gc_mark(((sv_req *)p)->tm_obj);
 }
 
 static void req_free(void *p)
@@ -49,6 +53,7 @@ VALUE sv_request_new(VALUE core_obj, sv_core *core, sv_conn *conn)
     r->core = core;
     sv_core_ref(core);
     r->conn = conn;
+    r->tm_obj = Qnil;
     return obj;
 }
 
@@ -303,6 +308,35 @@ static VALUE req_early_hints(VALUE self, VALUE headers)
     return Qtrue;
 }
 
+/* Timing (ext/serval/timing.c): every request is measured into the
+ * histograms; one in `every` (0 = none) also gets a Serval::Timing object in
+ * env["serval.timing"] with CPU and GC time. Process-wide counter, GVL held. */
+static unsigned long sample_n;
+
+static VALUE req_timing_begin(VALUE self, VALUE env, VALUE every)
+{
+    sv_req *r = get(self);
+    unsigned long n = NUM2ULONG(every);
+    int detailed = n > 0 && ++sample_n % n == 0;
+    double queued_at = r->conn ? r->conn->queued_at : 0.0;
+    if (detailed) {
+        r->tm_obj = sv_timing_new(&r->tm_cur);
+        rb_hash_aset(env, sv_timing_env_key(), r->tm_obj);
+    } else {
+        r->tm_cur = &r->tm;
+    }
+    sv_tm_begin(r->tm_cur, queued_at, env, detailed);
+    return r->tm_obj;
+}
+
+static VALUE req_timing_end(VALUE self)
+{
+    sv_req *r = get(self);
+    if (r->tm_cur)
+        sv_tm_end(r->tm_cur);
+    return r->tm_obj;
+}
+
 double sv_request_queued_at(VALUE self)
 {
     sv_req *r = get(self);
@@ -353,4 +387,6 @@ void sv_init_request(VALUE mNative)
     rb_define_method(sv_cRequest, "http10?", req_http10_p, 0);
     rb_define_method(sv_cRequest, "finished?", req_finished_p, 0);
     rb_define_method(sv_cRequest, "head_written?", req_head_written_p, 0);
+    rb_define_method(sv_cRequest, "timing_begin", req_timing_begin, 2);
+    rb_define_method(sv_cRequest, "timing_end", req_timing_end, 0);
 }

@@ -17,6 +17,21 @@ void sv_init_env(void);
 void sv_init_tls(VALUE mNative);
 void *sv_tls_ctx_get(VALUE tls_context);
 VALUE sv_build_env(sv_conn *c, VALUE tmpl);
+/* One request's timing record (ext/serval/timing.c). */
+typedef struct {
+    uint64_t start_ns, end_ns;
+    uint64_t cpu0, cpu1;         /* thread CPU ns; valid when has_cpu */
+    uint64_t gc0, gc1;           /* GC.total_time ns */
+    uint64_t gvl0[3], gvl1[3];   /* run, idle, stall ns; valid when has_gvl */
+    double queue;
+    double upstream;             /* NaN when no header */
+    int has_cpu, has_gc, has_gvl, finished;
+} sv_tm;
+
+void sv_tm_begin(sv_tm *t, double queued_at, VALUE env, int detailed);
+void sv_tm_end(sv_tm *t);
+VALUE sv_timing_new(sv_tm **out);
+VALUE sv_timing_env_key(void);
 double sv_request_queued_at(VALUE req);
 int sv_gvl_counters(uint64_t out[3]);
 void sv_init_timing(VALUE mServal);

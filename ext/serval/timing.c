@@ -31,15 +31,6 @@ static uint64_t agg_counts[SV_TM_METRICS][SV_TM_SLOTS];
 static double agg_sums[SV_TM_METRICS];
 static double agg_cpu;
 
-typedef struct {
-    uint64_t start_ns, end_ns;
-    uint64_t cpu0, cpu1;         /* thread CPU ns; valid when has_cpu */
-    uint64_t gc0, gc1;           /* GC.total_time ns */
-    uint64_t gvl0[3], gvl1[3];   /* run, idle, stall ns; valid when has_gvl */
-    double queue;
-    double upstream;             /* NaN when no header */
-    int has_cpu, has_gvl, finished;
-} sv_tm;
 
 static VALUE cTiming, k_timing, k_xrs, k_xqs;
 static ID id_total_time;
@@ -113,26 +104,53 @@ static double upstream_seconds(VALUE header)
     return d < 0 ? 0 : (d > SV_UPSTREAM_MAX ? SV_UPSTREAM_MAX : d);
 }
 
-/* Timing.start(request, env, measure_cpu) -> Timing, stored as env["serval.timing"]. */
-static VALUE tm_start(VALUE klass, VALUE request, VALUE env, VALUE measure_cpu)
+/* Notes the clocks at the start of a request. `detailed` requests (the sampled
+ * ones, which get a Timing object in the env) also read the thread CPU clock
+ * (a system call) and GC.total_time. */
+void sv_tm_begin(sv_tm *t, double queued_at, VALUE env, int detailed)
 {
-    sv_tm *t;
-    VALUE obj = TypedData_Make_Struct(cTiming, sv_tm, &tm_type, t);
+    memset(t, 0, sizeof(*t));
     t->start_ns = clock_ns(CLOCK_MONOTONIC);
-    double q = (double)t->start_ns / 1e9 - sv_request_queued_at(request);
+    double q = (double)t->start_ns / 1e9 - queued_at;
     t->queue = q < 0 ? 0 : q;
+    t->upstream = NAN;
+    t->has_gvl = sv_gvl_counters(t->gvl0);
+    if (!detailed)
+        return;
     VALUE h = rb_hash_lookup2(env, k_xrs, Qnil);
     if (NIL_P(h))
         h = rb_hash_lookup2(env, k_xqs, Qnil);
-    t->upstream = NIL_P(h) ? NAN : upstream_seconds(h);
+    if (!NIL_P(h))
+        t->upstream = upstream_seconds(h);
+    t->has_gc = 1;
     t->gc0 = gc_ns();
-    t->has_gvl = sv_gvl_counters(t->gvl0);
-    if (RTEST(measure_cpu)) {
-        t->has_cpu = 1;
-        t->cpu0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
-    }
+    t->has_cpu = 1;
+    t->cpu0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+}
+
+/* A new Timing object for env["serval.timing"]; *out is its record. */
+VALUE sv_timing_new(sv_tm **out)
+{
+    sv_tm *t;
+    VALUE obj = TypedData_Make_Struct(cTiming, sv_tm, &tm_type, t);
+    *out = t;
+    return obj;
+}
+
+/* Timing.start(request, env, detailed) -> Timing: a measured request outside
+ * the server's own path (tests, tools). */
+static VALUE tm_start(VALUE klass, VALUE request, VALUE env, VALUE detailed)
+{
+    sv_tm *t;
+    VALUE obj = sv_timing_new(&t);
+    sv_tm_begin(t, sv_request_queued_at(request), env, RTEST(detailed));
     rb_hash_aset(env, k_timing, obj);
     return obj;
+}
+
+VALUE sv_timing_env_key(void)
+{
+    return k_timing;
 }
 
 static void add(int metric, double v)
@@ -144,14 +162,15 @@ static void add(int metric, double v)
     agg_sums[metric] += v;
 }
 
-static VALUE tm_finish(VALUE self)
+/* Notes the clocks at the end and adds the request to the histograms. */
+void sv_tm_end(sv_tm *t)
 {
-    sv_tm *t = get(self);
     if (t->finished)
-        return self;
+        return;
     t->finished = 1;
     t->end_ns = clock_ns(CLOCK_MONOTONIC);
-    t->gc1 = gc_ns();
+    if (t->has_gc)
+        t->gc1 = gc_ns();
     if (t->has_cpu)
         t->cpu1 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     if (t->has_gvl)
@@ -168,6 +187,11 @@ static VALUE tm_finish(VALUE self)
         add(TM_RUN, cpu);
         add(TM_IDLE, wall > cpu ? wall - cpu : 0);
     }
+}
+
+static VALUE tm_finish(VALUE self)
+{
+    sv_tm_end(get(self));
     return self;
 }
 
@@ -193,7 +217,7 @@ static VALUE tm_wall(VALUE self)
 static VALUE tm_gc(VALUE self)
 {
     sv_tm *t = get(self);
-    return t->finished ? NS(t->gc1 - t->gc0) : Qnil;
+    return t->finished && t->has_gc ? NS(t->gc1 - t->gc0) : Qnil;
 }
 static VALUE tm_cpu(VALUE self)
 {

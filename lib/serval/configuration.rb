@@ -24,7 +24,7 @@ module Serval
       lowlevel_error_handler: nil,
       early_hints: false,
       timing: true,
-      timing_sample_rate: 0.1,
+      timing_sample_rate: 0.05,
       max_request_line: 8192,
       max_head: 65_536,
       max_headers: 128,

@@ -28,7 +28,9 @@ module Serval
       @errors = ErrorResponder.new(options[:lowlevel_error_handler], log_writer)
       @writer = ResponseWriter.new
       # nil when off: one branch per request (see docs/observability.md)
-      @timing = (Timing::Recorder.new(sample_rate: options.fetch(:timing_sample_rate, 0.1)) if options.fetch(:timing, true))
+      @timing = (Timing::Recorder.new(sample_rate: options.fetch(:timing_sample_rate, 0.05)) if options.fetch(:timing, true))
+      # With --log-requests every line carries the timing fields: every request is sampled.
+      @timing_every = @timing && (@log_requests ? 1 : @timing.every)
     end
 
     def call(request)
@@ -43,7 +45,7 @@ module Serval
       env[RACK_EARLY_HINTS] = hijack.method(:early_hints) if @early_hints
       env[RACK_PROTOCOL] = env[HTTP_UPGRADE].split(/\s*,\s*/) if env.key?(HTTP_UPGRADE)
       status = headers = error = nil
-      timing = @timing.start(request, env) if @timing
+      request.timing_begin(env, @timing_every) if @timing
       begin
         status, headers, body = @app.call(env)
         @writer.write(request, env, status, headers, body) unless hijack.full?
@@ -56,7 +58,10 @@ module Serval
       ensure
         close_body(body)
       end
-      @timing.finish(timing, env) if timing # before the client can see the response: stats never lag
+      if @timing # before the client can see the response: stats never lag
+        timing = request.timing_end
+        GVLTrace.note(timing, env) if timing && GVLTrace.recording
+      end
       request.finish unless hijack.full?
       log_access(env, status, started, timing) if @log_requests
       run_callbacks(env, status, headers, error, finished, after)

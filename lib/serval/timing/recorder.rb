@@ -4,11 +4,13 @@ require "serval/gvl_trace"
 
 module Serval
   class Timing
-    # Measures requests for one process. The hot path is Timing.start and
-    # Timing#finish (native, the histograms live in C and are updated with the
-    # GVL held); the thread CPU clock is read for one request in every
-    # 1/sample_rate. #stats builds the Prometheus-shaped aggregates and the
-    # gauges over the window since the previous read.
+    # Measures requests for one process. The hot path is Request#timing_begin
+    # and #timing_end (native: the record lives in the Request, the histograms
+    # in C, updated with the GVL held; no allocation). One request in every
+    # 1/sample_rate also gets a Serval::Timing in env["serval.timing"] with
+    # thread CPU time (a system call) and GC time. #stats builds the
+    # Prometheus-shaped aggregates and the gauges over the window since the
+    # previous read.
     class Recorder
       METRICS = {
         "queue_seconds" => "Time a complete request waited in Serval before a thread called the app",
@@ -21,10 +23,9 @@ module Serval
 
       attr_reader :sample_rate
 
-      def initialize(sample_rate: 0.1)
+      def initialize(sample_rate: 0.05)
         @sample_rate = sample_rate.to_f
         @every = @sample_rate.positive? ? (1.0 / @sample_rate).round : 0
-        @n = 0
         @mutex = Mutex.new
         @window_at = nil
         @window_run = nil
@@ -43,14 +44,17 @@ module Serval
         Native::GVL.enabled?
       end
 
+      # Requests whose timing goes into env["serval.timing"] (with CPU and GC
+      # time): one in every. Every request is counted in the histograms.
+      attr_reader :every
+
       def start(request, env)
-        @n += 1
-        Timing.start(request, env, @every.positive? && (@n % @every).zero?)
+        request.timing_begin(env, @every)
       end
 
-      def finish(timing, env)
-        timing.finish
-        GVLTrace.note(timing, env) if GVLTrace.recording
+      def finish(request, env)
+        timing = request.timing_end
+        GVLTrace.note(timing, env) if timing && GVLTrace.recording
         timing
       end
 
