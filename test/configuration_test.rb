@@ -114,14 +114,13 @@ class ConfigurationTest < Minitest::Test
       plugin :tmp_restart
       on_worker_boot { puts "never" }
       fork_worker
-      ssl_bind "0.0.0.0", 9293, key: "k", cert: "c"
       worker_timeout 60
     RUBY
     assert_equal Serval::Configuration::DEFAULTS[:binds], options[:binds]
-    %w[plugin fork_worker ssl_bind].each do |name|
+    %w[plugin fork_worker].each do |name|
       assert_includes @warnings, "serval: config option `#{name}` is not supported yet and is ignored"
     end
-    assert_equal 3, @warnings.size # cluster options are supported
+    assert_equal 2, @warnings.size # cluster options and ssl_bind are supported
     assert_equal [2, true, 60.0, 1], options.values_at(:workers, :preload_app, :worker_timeout).push(options[:before_worker_boot].size)
   end
 
@@ -186,5 +185,16 @@ class ConfigurationTest < Minitest::Test
       assert_equal 2, config.options[:max_body]
       assert_equal 1, Serval::Configuration.load(cli: { environment: "test" })[:max_body]
     end
+  end
+  # Puma's ssl_bind becomes an ssl:// bind with the same certificate options.
+  def test_ssl_bind_is_an_ssl_bind
+    opts = load_config(%(ssl_bind "127.0.0.1", 9443, cert: "/c.pem", key: "/k.pem", verify_mode: "none"))
+    assert_equal ["ssl://127.0.0.1:9443?cert=%2Fc.pem&key=%2Fk.pem&verify_mode=none"], opts[:binds]
+    assert_empty @warnings.grep(/ssl_bind/)
+  end
+
+  def test_ssl_bind_rejects_options_it_does_not_know
+    assert_config_error(/ssl_bind: unsupported option\(s\) ssl_cipher_filter/,
+                        %(ssl_bind "0.0.0.0", 9443, cert: "/c", key: "/k", ssl_cipher_filter: "x"))
   end
 end

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "uri"
+
 require "serval/configuration"
 
 module Serval
@@ -13,7 +15,7 @@ module Serval
   class DSL
     # Puma options Serval accepts and ignores with a warning.
     UNSUPPORTED = %i[
-      plugin ssl_bind worker_culling_strategy fork_worker prune_bundler nakayoshi_fork
+      plugin worker_culling_strategy fork_worker prune_bundler nakayoshi_fork
       extra_runtime_dependencies wait_for_less_busy_worker silence_single_worker_warning
       silence_fork_callback_warning on_worker_fork after_worker_fork before_worker_fork on_restart
       before_restart on_refork before_refork after_refork on_booted after_booted on_stopped
@@ -65,6 +67,23 @@ module Serval
       require "serval/binder"
       Binder.parse(uri)
       (@options[:binds] ||= []) << uri
+    end
+
+    # Puma's ssl_bind(host, port, opts): the same as bind "ssl://host:port?cert=..&key=..".
+    # Supported opts: cert, key, ca, verify_mode ("none" or "peer"); others fail naming them.
+    SSL_BIND_KEYS = %i[cert key ca verify_mode].freeze
+
+    def ssl_bind(host, port, opts = {})
+      host = Configuration.string(:ssl_bind, host)
+      port = Configuration.range(:ssl_bind, Configuration.int(:ssl_bind, port), 0, 65_535)
+      raise ConfigError, "ssl_bind: options must be a Hash" unless opts.is_a?(Hash)
+
+      unknown = opts.keys.map(&:to_sym) - SSL_BIND_KEYS
+      raise ConfigError, "ssl_bind: unsupported option(s) #{unknown.join(', ')}" unless unknown.empty?
+
+      query = opts.map { |k, v| "#{k}=#{URI.encode_www_form_component(v.to_s)}" }.join("&")
+      host = "[#{host}]" if host.include?(":") && !host.start_with?("[")
+      bind("ssl://#{host}:#{port}#{query.empty? ? '' : "?#{query}"}")
     end
 
     def clear_binds!
