@@ -103,4 +103,14 @@ class ServalctlTest < Minitest::Test
     assert_equal 2, nothing.status
     assert_match(/no control URL/, nothing.err)
   end
+  # A control listener that cannot be bound is a boot error: exit 1, named.
+  def test_control_url_that_cannot_bind_fails_boot_with_exit_1
+    server = spawn_server(["-b", "tcp://127.0.0.1:0", "-t", "1", "--control-url", "unix:///nonexistent-dir/ctl.sock",
+                           "--control-token", "t"])
+    server.start
+    status = server.wait(20)
+    refute_nil status, "the server exits by itself"
+    assert_equal 1, status.exitstatus, server.logs
+    assert_match(%r{control/metrics/state_path could not start}, server.stderr)
+  end
 end

@@ -68,7 +68,7 @@ module Serval
     end
     Process.singleton_class.prepend(ForkHook) if Process.respond_to?(:_fork)
 
-    attr_reader :token, :control_urls, :metrics_urls
+    attr_reader :token, :control_urls, :metrics_urls, :failure
 
     def initialize(launcher, options, log_writer)
       @launcher = launcher
@@ -97,6 +97,7 @@ module Serval
       @starter = Threads.spawn("serval-control", @log_writer) do
         start if @launcher.wait_until_booted(BOOT_WAIT)
       rescue StandardError => e
+        @failure = e
         @log_writer.error("serval: control/metrics/state_path failed to start (#{e.message}); stopping")
         @launcher.enqueue(:halt)
       end

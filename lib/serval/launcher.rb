@@ -45,6 +45,8 @@ module Serval
       require "serval/control"
       control = Control.after_boot(self) if Control.wanted?(options)
       @impl.run
+      failure = control&.failure
+      raise ConfigError, "control/metrics/state_path could not start: #{failure.message}" if failure
     ensure
       control&.stop
     end
