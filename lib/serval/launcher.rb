@@ -44,9 +44,11 @@ module Serval
     def run
       require "serval/control"
       control = Control.after_boot(self) if Control.wanted?(options)
-      @impl.run
+      status = @impl.run
       failure = control&.failure
       raise ConfigError, "control/metrics/state_path could not start: #{failure.message}" if failure
+
+      status
     ensure
       control&.stop
     end
