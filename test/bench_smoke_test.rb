@@ -20,7 +20,7 @@ class BenchSmokeTest < Minitest::Test
   def run_bench(json)
     env = { "BENCH_DURATION" => "1", "BENCH_WARMUP" => "0", "BENCH_ROUNDS" => "1", "BENCH_CONNECTIONS" => "4",
             "RUBYOPT" => nil, "BUNDLE_GEMFILE" => nil }
-    argv = ["ruby", File.join(ROOT, "bench", "run"), "--servers=serval,puma", "--no-docs", "--out=#{json}", "hello"]
+    argv = [RbConfig.ruby, File.join(ROOT, "bench", "run"), "--servers=serval,puma", "--no-docs", "--out=#{json}", "hello"]
     Open3.popen2e(env, *argv, chdir: ROOT, pgroup: true) do |stdin, out, wait|
       stdin.close
       reader = Thread.new { out.read }
