@@ -2,6 +2,7 @@
 
 require "serval/launcher"
 require "serval/systemd"
+require "serval/boot_state"
 require "serval/cluster/worker_handle"
 require "serval/cluster/worker"
 
@@ -10,6 +11,8 @@ module Serval
   # forks `workers` Worker processes and supervises them from one loop that
   # handles commands (signals, #enqueue), worker check-ins, exits and deadlines.
   class Cluster
+    include BootState
+
     BACKOFF_MAX = 30.0        # seconds between respawns of a crash-looping worker
     HEALTHY_AFTER = 10.0      # a worker up this long resets its crash count
     STOP_GRACE = 5.0          # after drain_timeout, stopping workers get KILL
@@ -31,9 +34,7 @@ module Serval
       @phase = 0
       @failures = Hash.new(0)
       @spawn_at = Hash.new(0.0)
-      @state = :new
-      @state_mutex = Mutex.new
-      @state_cond = ConditionVariable.new
+      init_boot_state
     end
 
     def run
@@ -48,21 +49,8 @@ module Serval
       cleanup
     end
 
-    def enqueue(command)
-      @signals.push(command)
-    end
 
-    def booted?
-      @state == :booted
-    end
 
-    def wait_until_booted(timeout)
-      deadline = now + timeout
-      @state_mutex.synchronize do
-        @state_cond.wait(@state_mutex, deadline - now) while @state == :new && deadline > now
-        @state == :booted
-      end
-    end
 
     def urls
       @binder ? @binder.urls : []
@@ -341,18 +329,9 @@ module Serval
       Launcher::Support.remove_pidfile(@pidfile)
       @signals.close
       @log_writer.info("- Goodbye!") if @state == :booted
-      @state_mutex.synchronize do
-        @state = :stopped
-        @state_cond.broadcast
-      end
+      change_state(:stopped)
     end
 
-    def change_state(state)
-      @state_mutex.synchronize do
-        @state = state
-        @state_cond.broadcast
-      end
-    end
 
     def now
       Process.clock_gettime(Process::CLOCK_MONOTONIC)

@@ -2,12 +2,15 @@
 
 require "serval/launcher"
 require "serval/systemd"
+require "serval/boot_state"
 
 module Serval
   # Single mode: one process loads the app, binds, runs the Server and then
   # supervises: one loop reads commands (from signals or #enqueue) off the
   # self-pipe and handles them in a single `case`.
   class Single
+    include BootState
+
     STOPPER_JOIN_TIMEOUT = 5
 
     attr_reader :options, :log_writer, :server, :binder, :app
@@ -20,9 +23,7 @@ module Serval
       @restart_argv = restart_argv
       @cwd = Dir.pwd
       @signals = Signals.new
-      @state_mutex = Mutex.new
-      @state_cond = ConditionVariable.new
-      @state = :new
+      init_boot_state
       @status = 0
     end
 
@@ -38,26 +39,8 @@ module Serval
       cleanup
     end
 
-    def enqueue(command)
-      @signals.push(command)
-    end
 
-    def booted?
-      @state == :booted
-    end
 
-    def wait_until_booted(timeout)
-      deadline = Launcher::Support.now + timeout
-      @state_mutex.synchronize do
-        while @state == :new
-          left = deadline - Launcher::Support.now
-          break if left <= 0
-
-          @state_cond.wait(@state_mutex, left)
-        end
-        @state == :booted
-      end
-    end
 
     def urls
       @binder ? @binder.urls : []
@@ -180,13 +163,6 @@ module Serval
       @signals.close
       @log_writer.info("- Goodbye!") if @state == :booted
       change_state(:stopped)
-    end
-
-    def change_state(state)
-      @state_mutex.synchronize do
-        @state = state
-        @state_cond.broadcast
-      end
     end
   end
 end
