@@ -139,6 +139,16 @@ module Bench
         tree
       end
 
+      # User + system CPU seconds a process has used (all its threads), from
+      # /proc/PID/stat (utime, stime in clock ticks); nil if it is gone.
+      def cpu_seconds(pid)
+        stat = File.read("/proc/#{pid}/stat")
+        fields = stat[(stat.rindex(")") + 2)..].split
+        (Integer(fields[11]) + Integer(fields[12])) / Float(Etc.sysconf(Etc::SC_CLK_TCK))
+      rescue SystemCallError, ArgumentError
+        nil
+      end
+
       # VmRSS in kB of one process (0 if gone or a kernel thread).
       def rss_kb(pid)
         File.foreach("/proc/#{pid}/status") do |line|

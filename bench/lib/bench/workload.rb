@@ -149,7 +149,9 @@ module Bench
             sanity_check(process)
             url = "http://127.0.0.1:#{process.port}#{path}"
             Wrk.run(ctx, url, duration: ctx.warmup, connections: connections, **wrk_options) if ctx.warmup.positive?
+            cpu0 = Util.cpu_seconds(process.pid) if measure_cpu?
             figures = Wrk.run(ctx, url, duration: ctx.duration, connections: connections, **wrk_options)
+            record_cpu(figures, cpu0, Util.cpu_seconds(process.pid)) if measure_cpu?
             ctx.log format("  %<rps>.1f req/s  p50 %<p50>s  p99 %<p99>s", rps: figures["rps"],
                                                                            p50: fmt_ms(figures["p50_ms"]), p99: fmt_ms(figures["p99_ms"]))
             rounds[server.name] << figures
@@ -160,6 +162,19 @@ module Bench
         end
       end
       summarize(servers, rounds, meta)
+    end
+
+    # Workloads that also record the server's CPU seconds per request (one
+    # process): on a pinned CPU, saturated throughput is 1 / that, and it is
+    # far less disturbed by other tenants of a shared machine than req/s.
+    def measure_cpu?
+      false
+    end
+
+    def record_cpu(figures, before, after)
+      return unless before && after && figures["requests"].to_i.positive?
+
+      figures["cpu_us_per_request"] = (after - before) * 1e6 / figures["requests"]
     end
 
     def sanity_check(process)
