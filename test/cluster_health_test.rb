@@ -8,7 +8,8 @@ require "support/subprocess_server"
 class ClusterHealthTest < Minitest::Test
   include Serval::SubprocessHelpers
 
-  PID_APP = %(run ->(env) { [200, {"content-type" => "text/plain"}, [Process.pid.to_s]] }\n)
+  # Answers the worker's pid; "?hold" keeps the request 0.3 s in the app.
+  PID_APP = %(run ->(env) { sleep 0.3 if env["QUERY_STRING"] == "hold"; [200, {"content-type" => "text/plain"}, [Process.pid.to_s]] }\n)
 
   def setup
     require "net/http"
@@ -49,16 +50,33 @@ class ClusterHealthTest < Minitest::Test
     killed_at = now
     Process.kill("KILL", old)
     fresh = worker_pid(server, 0, except: old)
-    # the new worker answers: ask until its pid shows up (2 workers share the port)
-    seen = nil
-    20.times do
-      seen = Net::HTTP.get(URI("http://127.0.0.1:#{server.port}/")).to_i
-      break if seen == fresh
-    end
+    # The new worker answers. Sequential requests could all go to the idle
+    # sibling, so send 4 at once that each stay 0.3 s in the app: a worker has
+    # at most 2 threads and accepts only while one is free, so at least two
+    # of them must be answered by the replacement.
+    seen = Array.new(4) do
+      Thread.new { Net::HTTP.get(URI("http://127.0.0.1:#{server.port}/?hold")).to_i }
+    end.map(&:value)
     elapsed = now - killed_at
-    assert_equal fresh, seen, server.logs
+    assert_includes seen, fresh, server.logs
     assert_operator elapsed, :<, 1.0, "replacement took #{elapsed}s"
     assert_match(/Worker 0 \(PID: #{old}\) exited \(signal KILL\); respawning in 0\.0s \(failure 1 in a row\)/, server.stderr)
+  end
+
+  # Balancing: a worker accepts only while it has a free thread, counting
+  # connections accepted whose request is still arriving. Four requests that
+  # each stay 0.3 s in the app, sent at once to 2 workers x 2 threads, are
+  # served two by each worker, all at the same time.
+  def test_concurrent_requests_spread_over_workers_with_free_threads
+    server = cluster("workers 2\n")
+    worker_pid(server, 0)
+    worker_pid(server, 1)
+    6.times do
+      pids = Array.new(4) do
+        Thread.new { Net::HTTP.get(URI("http://127.0.0.1:#{server.port}/?hold")).to_i }
+      end.map(&:value)
+      assert_equal [2, 2], pids.tally.values, "#{pids.inspect}\n#{server.logs}"
+    end
   end
 
   def test_stuck_worker_is_killed_after_worker_timeout

@@ -118,11 +118,19 @@ static void format_remote(sv_conn *c, const struct sockaddr_storage *ss)
     }
 }
 
-/* Balance mode: how many Ruby threads are free (waiting beyond the queue). */
+/* Balance mode: how many Ruby threads are free: waiting, minus the requests
+ * already queued for them, minus the connections accepted whose first
+ * request is still arriving (counted in partial from accept on). Caller
+ * holds core->mu. */
+static int free_threads_locked(sv_core *core)
+{
+    return core->waiting - (int)core->queued - (int)atomic_load(&core->partial);
+}
+
 static int free_threads(sv_core *core)
 {
     pthread_mutex_lock(&core->mu);
-    int n = core->waiting - (int)core->queued;
+    int n = free_threads_locked(core);
     pthread_mutex_unlock(&core->mu);
     return n;
 }
@@ -132,7 +140,7 @@ static int free_threads(sv_core *core)
 static void balance_listeners(sv_core *core)
 {
     pthread_mutex_lock(&core->mu);
-    int idle = core->waiting > (int)core->queued;
+    int idle = free_threads_locked(core) > 0;
     core->balance_paused = !idle;
     pthread_mutex_unlock(&core->mu);
     if (!idle)
