@@ -49,9 +49,6 @@ module Serval
       cleanup
     end
 
-
-
-
     def urls
       @binder ? @binder.urls : []
     end
@@ -331,7 +328,6 @@ module Serval
       @log_writer.info("- Goodbye!") if @state == :booted
       change_state(:stopped)
     end
-
 
     def now
       Process.clock_gettime(Process::CLOCK_MONOTONIC)

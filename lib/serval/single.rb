@@ -39,9 +39,6 @@ module Serval
       cleanup
     end
 
-
-
-
     def urls
       @binder ? @binder.urls : []
     end
