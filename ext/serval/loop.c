@@ -280,10 +280,15 @@ static void error_response(sv_conn *c, int status, const char *msg)
 
 /* ---- requests ----------------------------------------------------------- */
 
+/* The request joins the ready queue. Its connection stops counting as partial
+ * in the same critical section, after it is queued: a draining core's waiting
+ * threads leave once nothing is partial and the queue is empty, so the two
+ * must never both look empty while a request is on its way in. */
 static void dispatch(sv_conn *c)
 {
     sv_core *core = c->core;
-    set_partial(c, 0);
+    int was_partial = c->partial;
+    c->partial = 0;
     c->state = SV_ST_APP;
     c->has_request = 1;
     c->queued_at = sv_now();
@@ -297,7 +302,10 @@ static void dispatch(sv_conn *c)
         core->q_head = c;
     core->q_tail = c;
     core->queued++;
-    if (core->waiting > 0)
+    int none_partial = was_partial && atomic_fetch_sub(&core->partial, 1) == 1;
+    if (none_partial && core->draining)
+        pthread_cond_broadcast(&core->cv); /* one takes the request, the others may leave */
+    else if (core->waiting > 0)
         pthread_cond_signal(&core->cv);
     pthread_mutex_unlock(&core->mu);
 }
