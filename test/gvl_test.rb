@@ -35,6 +35,21 @@ class GVLTest < Minitest::Test
     end
   end
 
+  # On a shared VM another tenant may take the CPU while the thread holds the
+  # GVL: the request then truly holds the GVL longer than its busy loop ran,
+  # and run exceeds the thread's CPU time. Such an attempt says nothing about
+  # the accounting, so it is repeated (at most 5 attempts); a broken
+  # measurement fails every attempt.
+  def undisturbed(seen)
+    t = nil
+    5.times do
+      yield
+      t = seen.pop
+      break if (t.run - t.cpu).abs < 0.005
+    end
+    t
+  end
+
   def get(port, path = "/work")
     http(port, "GET #{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
   end
@@ -42,8 +57,7 @@ class GVLTest < Minitest::Test
   def test_one_request_reports_run_and_idle
     seen = Queue.new
     with_server(work_app(seen), max_threads: 1, timing_sample_rate: 1.0) do |_server, port|
-      assert_equal 200, get(port).status
-      t = seen.pop
+      t = undisturbed(seen) { assert_equal 200, get(port).status }
       assert t.gvl_split?
       assert_in_delta 0.05, t.run, 0.05 * 0.15, t.to_h.inspect
       assert_in_delta 0.05, t.idle, 0.05 * 0.15, t.to_h.inspect
