@@ -90,6 +90,10 @@ class ClusterHealthTest < Minitest::Test
   def test_worker_that_never_boots_is_killed_after_worker_boot_timeout
     server = cluster("workers 1\nworker_boot_timeout 1\nbefore_worker_boot { |_i| sleep 30 }\n")
     server.wait_for(/Worker 0 \(PID: \d+\) timed out \(not booted after 1\.0s\); killing it/, stream: :err, timeout: 5)
+    # A graceful stop kills a worker that is still booting instead of
+    # waiting out the drain timeout for it (it has no request to finish).
+    server.signal("TERM")
+    refute_nil server.wait(5), "TERM with a worker stuck in before_worker_boot\n#{server.logs}"
   end
 
   def test_crash_loop_backs_off_and_is_logged

@@ -283,7 +283,9 @@ module Serval
       @log_writer.info(how == :halt ? "- Stopping now" : "- Gracefully stopping, waiting up to #{@options[:drain_timeout]}s for requests to finish")
       sig = how == :halt ? "INT" : "TERM"
       @workers.each_value { |h| h.stop_sent_at ||= now }
-      handles.each { |h| h.signal(sig) }
+      # A worker still booting has no request to drain (and may be stuck in a
+      # hook): it is killed rather than waited for.
+      handles.each { |h| h.signal(h.booted? ? sig : "KILL") }
     end
 
     def finish_stop
