@@ -216,6 +216,11 @@ class ControlAppTest < Minitest::Test
       json = JSON.parse(response.split("\r\n\r\n", 2).last)
       assert_equal 5, json["max_threads"]
       assert json.key?("started_at")
+      # single mode reports every figure of Server#stats, as a cluster worker does
+      assert_equal ["started_at", *launcher.server.stats.keys.map(&:to_s)].sort, json.keys.sort
+      %w[connections accepted rejected min_threads].each { |key| assert_kind_of Integer, json[key], key }
+      assert_equal "histogram", json.dig("timing", "queue_seconds", "type")
+      assert json["timing"].key?("gvl_utilization")
       assert_match(/"stop"/, unix_get("/stop?token=#{TOKEN}", "#{dir}/ctl.sock"))
       assert_equal 0, thread.join(10)&.value
       refute File.exist?("#{dir}/ctl.sock")

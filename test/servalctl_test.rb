@@ -50,7 +50,10 @@ class ServalctlTest < Minitest::Test
     assert_equal 0, stats.status, stats.err
     json = JSON.parse(stats.out)
     assert_equal 2, json["max_threads"]
-    assert_equal %w[backlog busy_threads max_threads pool_capacity requests_count running started_at], json.keys.sort
+    expected = %w[accepted backlog busy_threads connections max_threads min_threads pool_capacity rejected
+                  requests_count running started_at timing]
+    assert_empty expected - json.keys, "single-mode stats carry every Server#stats figure"
+    assert_equal "histogram", json.dig("timing", "queue_seconds", "type")
 
     status = ctl(*url, "status")
     assert_equal 0, status.status

@@ -43,11 +43,11 @@ module Serval
       @binder ? @binder.urls : []
     end
 
+    # Everything Server#stats reports (the figures a cluster worker sends with
+    # its check-in), plus when this process booted.
     def stats
-      { started_at: @started_at }.merge(@server ? @server.stats.slice(*STAT_KEYS) : {})
+      { started_at: @started_at }.merge(@server ? @server.stats : {})
     end
-
-    STAT_KEYS = %i[backlog running pool_capacity busy_threads max_threads requests_count].freeze
 
     private
 
