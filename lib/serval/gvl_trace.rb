@@ -21,16 +21,45 @@ module Serval
       # The list request notes go to while a trace records, else nil.
       attr_reader :recording
 
-      # Records for `seconds` and returns the trace as a JSON String.
-      def record(seconds)
-        unless Native::GVL.supported?
-          raise NotImplementedError, "GVL tracing needs Ruby 3.2+ (the GVL event hook); " \
-                                     "this is Ruby #{RUBY_VERSION}"
-        end
+      # Records for `seconds` and returns the trace: a Hash that JSON.generate
+      # turns into the file Perfetto opens. Timestamps (microseconds) count
+      # from origin_ns on the monotonic clock (default: the trace's start);
+      # that clock is system-wide, so traces of several processes given one
+      # origin line up.
+      def record(seconds, origin_ns: nil)
+        check_supported
         seconds = Float(seconds)
         raise ArgumentError, "seconds must be in (0, #{MAX_SECONDS}]" unless seconds.positive? && seconds <= MAX_SECONDS
 
-        @lock.synchronize { capture(seconds) }
+        @lock.synchronize { capture(seconds, origin_ns) }
+      end
+
+      def check_supported
+        return if Native::GVL.supported?
+
+        raise NotImplementedError, "GVL tracing needs Ruby 3.2+ (the GVL event hook); this is Ruby #{RUBY_VERSION}"
+      end
+
+      # One trace from the traces of several workers (CommandChannel answers
+      # [{index:, pid:, result: trace}], as JSON parsed with symbol keys):
+      # one process per worker, named "worker N"; missing lists the workers
+      # that did not answer.
+      def merge(answers, missing)
+        events = []
+        workers = answers.map do |answer|
+          trace = answer[:result]
+          pid = answer[:pid]
+          events << { name: "process_name", ph: "M", pid: pid, tid: 0, args: { name: "worker #{answer[:index]}" } }
+          events << { name: "process_sort_index", ph: "M", pid: pid, tid: 0, args: { sort_index: answer[:index] } }
+          trace[:traceEvents].each do |event|
+            events << event.merge(pid: pid) unless event[:name] == "process_name"
+          end
+          { index: answer[:index], pid: pid, **trace[:otherData].slice(:seconds, :dropped_events) }
+        end
+        { traceEvents: events, displayTimeUnit: "ms",
+          otherData: { seconds: workers.map { |w| w[:seconds] }.compact.max, ruby: RUBY_VERSION,
+                       dropped_events: workers.sum { |w| w[:dropped_events].to_i }, workers: workers,
+                       missing: missing } }
       end
 
       # Called by Timing::Recorder#finish while recording.
@@ -42,8 +71,7 @@ module Serval
 
       private
 
-      def capture(seconds)
-        require "json"
+      def capture(seconds, origin_ns)
         Native::GVL.enable
         notes = []
         start = Native::GVL.trace_start
@@ -54,10 +82,10 @@ module Serval
           @recording = nil
           stop, dropped, flat = Native::GVL.trace_stop
         end
-        JSON.generate(render(start, stop, dropped, flat, notes))
+        render(start, stop, dropped, flat, notes, origin_ns || start)
       end
 
-      def render(start, stop, dropped, flat, notes)
+      def render(start, stop, dropped, flat, notes, origin)
         pid = Process.pid
         states = Hash.new { |h, k| h[k] = [] }
         flat.each_slice(3) { |ts, tid, state| states[tid] << [ts, state] }
@@ -68,7 +96,7 @@ module Serval
           events << { name: "thread_name", ph: "M", pid: pid, tid: tid, args: { name: names[tid] || "thread #{tid}" } }
           reqs = (requests[tid] || []).map { |_, s, e, label| [[s, start].max, [e, stop].min, label] }
                                       .select { |s, e, _| e > s }
-          events.concat(track(pid, tid, segments(states[tid], stop, reqs), reqs, start))
+          events.concat(track(pid, tid, segments(states[tid], stop, reqs), reqs, origin))
         end
         { traceEvents: events, displayTimeUnit: "ms",
           otherData: { seconds: (stop - start) / 1e9, dropped_events: dropped, ruby: RUBY_VERSION } }
@@ -98,7 +126,7 @@ module Serval
 
       # B/E events, ordered so they nest: at one instant a state ends before
       # a request ends, and a request begins before a state begins.
-      def track(pid, tid, segs, reqs, start)
+      def track(pid, tid, segs, reqs, origin)
         marks = []
         segs.each do |a, b, state|
           marks << [a, 3, "B", STATES[state], "gvl"] << [b, 0, "E", STATES[state], "gvl"]
@@ -108,7 +136,7 @@ module Serval
         end
         marks.sort_by! { |ts, order, *| [ts, order] }
         marks.map do |ts, _, ph, name, cat|
-          { name: name, cat: cat, ph: ph, pid: pid, tid: tid, ts: ((ts - start) / 1e3).round(3) }
+          { name: name, cat: cat, ph: ph, pid: pid, tid: tid, ts: ((ts - origin) / 1e3).round(3) }
         end
       end
     end

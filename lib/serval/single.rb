@@ -49,6 +49,16 @@ module Serval
       { started_at: @started_at }.merge(@server ? @server.stats : {})
     end
 
+    # This process's GVL timeline (a Chrome trace-event Hash).
+    def gvl_trace(seconds)
+      require "serval/gvl_trace"
+      GVLTrace.record(seconds)
+    end
+
+    def thread_backtraces
+      Launcher::Support.thread_backtraces
+    end
+
     private
 
     def boot
