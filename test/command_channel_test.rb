@@ -8,7 +8,7 @@ require "serval/cluster"
 # The master <-> worker request channel, both ends in this process: a
 # Responder per fake worker on one end of a socket pair, the Asker on the other.
 class CommandChannelTest < Minitest::Test
-  Handle = Struct.new(:index, :pid, :control_io, :reply_buffer)
+  Handle = Struct.new(:index, :pid, :control_io, :replies)
   Channel = Serval::Cluster::CommandChannel
 
   def setup
@@ -34,7 +34,7 @@ class CommandChannelTest < Minitest::Test
     rescue IOError
       nil # teardown closed it
     end
-    [Handle.new(index, 1000 + index, master, +""), reader]
+    [Handle.new(index, 1000 + index, master, Channel::Reader.new(master)), reader]
   end
 
   def test_every_worker_answers_in_handle_order
@@ -84,7 +84,7 @@ class CommandChannelTest < Minitest::Test
     master, child = Channel.pair
     @pairs << [master, child]
     child.close # the worker exited
-    _, missing = Channel::Asker.new.ask([Handle.new(1, 1001, master, +"")], :anything, 5)
+    _, missing = Channel::Asker.new.ask([Handle.new(1, 1001, master, Channel::Reader.new(master))], :anything, 5)
     assert_match(/exited before answering|not reachable/, missing.first[:error])
   end
 
@@ -94,12 +94,35 @@ class CommandChannelTest < Minitest::Test
     assert reader.join(5), "the responder reports EOF"
   end
 
-  # A large answer (a trace is megabytes) arrives whole, split over many reads.
-  def test_large_answer
+  # A large answer (a trace is megabytes) arrives whole, split over many
+  # reads; a payload travels beside the result as unparsed text.
+  def test_large_answer_and_payload
     big = "x" * 3_000_000
-    handle, = worker(0, big: ->(_r) { big })
+    handle, = worker(0, big: ->(_r) { big }, bulk: ->(r) { Channel::Bulk.new({ n: r[:n] }, "[#{'1,' * 1_500_000}1]") })
     answers, missing = Channel::Asker.new.ask([handle], :big, 10)
     assert_empty missing
     assert_equal big.bytesize, answers.first[:result].bytesize
+    refute answers.first.key?(:payload)
+    answers, missing = Channel::Asker.new.ask([handle], :bulk, 10, n: 3)
+    assert_empty missing
+    assert_equal({ n: 3 }, answers.first[:result])
+    assert_equal 3_000_003, answers.first[:payload].bytesize
+    assert_equal 1_500_001, JSON.parse(answers.first[:payload]).size
+  end
+
+  # A late answer with a payload is dropped whole (header and payload line).
+  def test_a_late_payload_is_dropped_whole
+    gate = Queue.new
+    calls = 0
+    handle, = worker(0, bulk: lambda do |_r|
+      calls += 1
+      gate.pop if calls == 1
+      Channel::Bulk.new(calls, "[#{calls}]")
+    end)
+    asker = Channel::Asker.new
+    assert_equal 1, asker.ask([handle], :bulk, 0.2).last.size
+    gate << :go
+    answers, = asker.ask([handle], :bulk, 5)
+    assert_equal [[2, "[2]"]], answers.map { |a| [a[:result], a[:payload]] }
   end
 end

@@ -46,9 +46,10 @@ class ControlAppTest < Minitest::Test
 
     attr_reader :traced
 
+    # JSON text, as Serval::Launcher#gvl_trace returns it
     def gvl_trace(seconds)
       @traced = seconds
-      { traceEvents: [{ name: "x", ph: "B", pid: 1, tid: 2, ts: 0.5 }], otherData: { seconds: seconds } }
+      JSON.generate(traceEvents: [{ name: "x", ph: "B", pid: 1, tid: 2, ts: 0.5 }], otherData: { seconds: seconds })
     end
   end
 

@@ -63,8 +63,8 @@ module Serval
     end
 
     # A GVL trace of every booted worker, recorded at the same time and merged
-    # (one process per worker); workers that did not answer are listed in
-    # otherData.missing. Called from the control app's thread.
+    # (one process per worker) as JSON text; workers that did not answer are
+    # listed in otherData.missing. Called from the control app's thread.
     def gvl_trace(seconds)
       require "serval/gvl_trace"
       GVLTrace.check_supported

@@ -82,8 +82,8 @@ module Serval
       answer(200, GC.stat)
     end
 
-    # The trace object itself (a Hash, encoded once here). It holds only
-    # finite numbers and can be large: it skips the jsonable pass.
+    # The launcher hands over the trace as JSON text (it can be tens of MB,
+    # spliced from the workers' parts): sent as it is, never encoded again.
     def gvl_trace(params)
       return answer(501, error: "GVL tracing is not available here") unless @launcher.respond_to?(:gvl_trace)
 
@@ -92,7 +92,7 @@ module Serval
         return answer(400, error: "seconds must be a number in (0, #{MAX_TRACE_SECONDS}]")
       end
 
-      respond(200, JSON.generate(@launcher.gvl_trace(seconds)))
+      respond(200, @launcher.gvl_trace(seconds))
     rescue NotImplementedError => e
       answer(501, error: e.message)
     end

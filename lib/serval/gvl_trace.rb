@@ -40,26 +40,41 @@ module Serval
         raise NotImplementedError, "GVL tracing needs Ruby 3.2+ (the GVL event hook); this is Ruby #{RUBY_VERSION}"
       end
 
-      # One trace from the traces of several workers (CommandChannel answers
-      # [{index:, pid:, result: trace}], as JSON parsed with symbol keys):
-      # one process per worker, named "worker N"; missing lists the workers
-      # that did not answer.
+      # A worker's part of a merged trace: [otherData, its events as JSON
+      # text] (the master splices the text without parsing it).
+      def record_part(seconds, origin_ns:)
+        require "json"
+        trace = record(seconds, origin_ns: origin_ns)
+        [trace[:otherData], JSON.generate(trace[:traceEvents].reject { |e| e[:name] == "process_name" })]
+      end
+
+      # The merged trace as JSON text, from the workers' parts:
+      # answers [{index:, pid:, result: otherData, payload: events JSON}];
+      # one process per worker, named "worker N"; missing (the workers that
+      # did not answer, [{index:, pid:, error:}]) goes into otherData.
       def merge(answers, missing)
-        events = []
-        workers = answers.map do |answer|
-          trace = answer[:result]
-          pid = answer[:pid]
-          events << { name: "process_name", ph: "M", pid: pid, tid: 0, args: { name: "worker #{answer[:index]}" } }
-          events << { name: "process_sort_index", ph: "M", pid: pid, tid: 0, args: { sort_index: answer[:index] } }
-          trace[:traceEvents].each do |event|
-            events << event.merge(pid: pid) unless event[:name] == "process_name"
+        require "json"
+        missing = missing.dup
+        parts = []
+        workers = []
+        answers.each do |answer|
+          events = answer[:payload].to_s
+          unless events.start_with?("[") && events.end_with?("]")
+            missing << { index: answer[:index], pid: answer[:pid], error: "sent no trace events" }
+            next
           end
-          { index: answer[:index], pid: pid, **trace[:otherData].slice(:seconds, :dropped_events) }
+          parts << events[1...-1] unless events == "[]"
+          workers << { index: answer[:index], pid: answer[:pid], **answer[:result].to_h.slice(:seconds, :dropped_events) }
         end
-        { traceEvents: events, displayTimeUnit: "ms",
-          otherData: { seconds: workers.map { |w| w[:seconds] }.compact.max, ruby: RUBY_VERSION,
-                       dropped_events: workers.sum { |w| w[:dropped_events].to_i }, workers: workers,
-                       missing: missing } }
+        meta = workers.flat_map do |w|
+          [{ name: "process_name", ph: "M", pid: w[:pid], tid: 0, args: { name: "worker #{w[:index]}" } },
+           { name: "process_sort_index", ph: "M", pid: w[:pid], tid: 0, args: { sort_index: w[:index] } }]
+        end
+        other = { seconds: workers.map { |w| w[:seconds] }.compact.max, ruby: RUBY_VERSION,
+                  dropped_events: workers.sum { |w| w[:dropped_events].to_i }, workers: workers, missing: missing }
+        events = [JSON.generate(meta)[1...-1], *parts].reject(&:empty?).map(&:b).join(",")
+        text = "{\"traceEvents\":[".b << events << "],\"displayTimeUnit\":\"ms\",\"otherData\":" << JSON.generate(other).b << "}"
+        text.force_encoding(Encoding::UTF_8)
       end
 
       # Called by Timing::Recorder#finish while recording.

@@ -81,8 +81,8 @@ module Serval
     # cluster: the master's and each worker's (Cluster#thread_backtraces).
     def thread_backtraces = @impl.thread_backtraces
 
-    # A GVL trace (Chrome trace-event Hash) of this process, or in cluster
-    # mode of every worker merged; NotImplementedError before Ruby 3.2.
+    # A GVL trace of this process, or in cluster mode of every worker merged,
+    # as Chrome trace-event JSON text; NotImplementedError before Ruby 3.2.
     def gvl_trace(seconds) = @impl.gvl_trace(seconds)
 
     # Helpers shared by Single and Cluster (the process that supervises).

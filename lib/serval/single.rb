@@ -49,10 +49,11 @@ module Serval
       { started_at: @started_at }.merge(@server ? @server.stats : {})
     end
 
-    # This process's GVL timeline (a Chrome trace-event Hash).
+    # This process's GVL timeline as Chrome trace-event JSON text.
     def gvl_trace(seconds)
+      require "json"
       require "serval/gvl_trace"
-      GVLTrace.record(seconds)
+      JSON.generate(GVLTrace.record(seconds))
     end
 
     def thread_backtraces

@@ -15,6 +15,9 @@ module Serval
     # Each direction carries one JSON object per line:
     #   master -> worker  {"id":7,"command":"trace","seconds":2.0,"origin_ns":...}
     #   worker -> master  {"id":7,"result":...}   or   {"id":7,"error":"..."}
+    # A bulky answer (a trace's events) follows its header as one more line,
+    # JSON text the master passes on without parsing:
+    #   worker -> master  {"id":7,"result":{...},"payload":true}\n[...]\n
     # The worker answers on a thread of its own, so its supervise loop (and its
     # check-ins) go on while it records. The master waits for the answers up
     # to a deadline and reports the workers that did not answer; a late answer
@@ -28,9 +31,60 @@ module Serval
 
       module_function
 
+      # A handler's answer with a payload: JSON text without newlines.
+      Bulk = Struct.new(:result, :payload)
+
       # [master's end, worker's end]
       def pair
         UNIXSocket.pair(:STREAM)
+      end
+
+      # The master's reading side of one channel: complete replies out of
+      # the bytes as they arrive (a partial reply waits for the next read).
+      class Reader
+        def initialize(io)
+          @io = io
+          @buffer = "".b
+          @header = nil # a header whose payload line is still to come
+        end
+
+        # The reply to `id` once complete (with :payload when it has one),
+        # :eof, or nil (not yet). Replies to other ids are dropped.
+        def read(id)
+          chunk = @io.read_nonblock(CHUNK, exception: false)
+          return :eof if chunk.nil?
+          return nil if chunk == :wait_readable
+
+          from = @buffer.bytesize # only the new bytes are searched
+          @buffer << chunk
+          found = nil
+          while (newline = @buffer.index("\n", from))
+            reply = take(@buffer.slice!(0, newline + 1).chomp)
+            found = reply if reply && reply[:id] == id
+            from = 0
+          end
+          found
+        rescue IOError, SystemCallError
+          :eof
+        end
+
+        private
+
+        def take(line)
+          if @header
+            header = @header
+            @header = nil
+            return header.merge(payload: line)
+          end
+          message = JSON.parse(line, symbolize_names: true)
+          return nil unless message.is_a?(Hash)
+          return message unless message[:payload] == true
+
+          @header = message
+          nil
+        rescue JSON::ParserError
+          nil
+        end
       end
 
       # The master's side; one request at a time (the control app has one thread).
@@ -41,8 +95,8 @@ module Serval
         end
 
         # handles: WorkerHandles to ask. Returns [answers, missing]:
-        # answers [{index:, pid:, result:}], missing [{index:, pid:, error:}],
-        # both in the order of handles.
+        # answers [{index:, pid:, result:}] (plus payload: when the answer
+        # had one), missing [{index:, pid:, error:}], in the order of handles.
         def ask(handles, command, timeout, **args)
           @lock.synchronize do
             id = (@id += 1)
@@ -57,7 +111,7 @@ module Serval
             end
             answers = collect(pending, id, now + timeout, missing)
             pending.each_value { |h| missing[h] ||= "no answer within #{timeout.round(1)}s" }
-            [handles.filter_map { |h| entry(h, result: answers[h]) if answers.key?(h) },
+            [handles.filter_map { |h| entry(h, **answers[h].slice(:result, :payload)) if answers.key?(h) },
              handles.filter_map { |h| entry(h, error: missing[h]) if missing.key?(h) }]
           end
         end
@@ -75,13 +129,13 @@ module Serval
             ready = wait_readable(pending, missing, left)
             ready.each do |io|
               handle = pending[io]
-              reply = read_reply(handle, id)
+              reply = handle.replies.read(id)
               next unless reply
 
               pending.delete(io)
               if reply == :eof then missing[handle] = "exited before answering"
               elsif reply.key?(:error) then missing[handle] = reply[:error].to_s
-              else answers[handle] = reply[:result]
+              else answers[handle] = reply
               end
             end
           end
@@ -97,33 +151,6 @@ module Serval
             missing[handle] = "exited before answering"
           end
           []
-        end
-
-        # The reply to `id` once complete, :eof, or nil (not yet).
-        def read_reply(handle, id)
-          chunk = handle.control_io.read_nonblock(CHUNK, exception: false)
-          return :eof if chunk.nil?
-          return nil if chunk == :wait_readable
-
-          buffer = handle.reply_buffer
-          buffer << chunk
-          return nil unless chunk.include?("\n") # only the new bytes are searched
-
-          found = nil
-          while (line = buffer.slice!(/\A[^\n]*\n/))
-            message = parse(line)
-            found = message if message && message[:id] == id
-          end
-          found
-        rescue IOError, SystemCallError
-          :eof
-        end
-
-        def parse(line)
-          message = JSON.parse(line, symbolize_names: true)
-          message.is_a?(Hash) ? message : nil
-        rescue JSON::ParserError
-          nil
         end
 
         def entry(handle, **rest)
@@ -172,19 +199,25 @@ module Serval
         end
 
         def answer(request)
-          line = "#{reply(request)}\n"
-          @write_lock.synchronize { @io.write(line) }
+          text = reply(request)
+          @write_lock.synchronize { @io.write(text) }
         rescue IOError, SystemCallError
           nil # the master is gone; the supervise loop sees the EOF
         end
 
+        # The reply's lines, newline-terminated.
         def reply(request)
+          id = request[:id]
           handler = @handlers[request[:command].to_s.to_sym]
-          return JSON.generate(id: request[:id], error: "unknown command #{request[:command].inspect}") unless handler
+          return "#{JSON.generate(id: id, error: "unknown command #{request[:command].inspect}")}\n" unless handler
 
-          JSON.generate(id: request[:id], result: handler.call(request))
+          answer = handler.call(request)
+          return "#{JSON.generate(id: id, result: answer)}\n" unless answer.is_a?(Bulk)
+          raise ArgumentError, "a payload is one line" if answer.payload.include?("\n")
+
+          "#{JSON.generate(id: id, result: answer.result, payload: true)}\n#{answer.payload}\n"
         rescue StandardError, NotImplementedError => e
-          JSON.generate(id: request[:id], error: "#{e.class}: #{e.message}")
+          "#{JSON.generate(id: id, error: "#{e.class}: #{e.message}")}\n"
         end
       end
     end

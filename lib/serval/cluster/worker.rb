@@ -28,7 +28,7 @@ module Serval
       COMMANDS = {
         trace: lambda do |request|
           require "serval/gvl_trace"
-          GVLTrace.record(request[:seconds], origin_ns: request[:origin_ns])
+          CommandChannel::Bulk.new(*GVLTrace.record_part(request[:seconds], origin_ns: request[:origin_ns]))
         end,
         backtraces: ->(_request) { Launcher::Support.thread_backtraces }
       }.freeze

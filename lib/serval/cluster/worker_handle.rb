@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "json"
+require "serval/cluster/command_channel"
 
 module Serval
   class Cluster
@@ -9,7 +10,7 @@ module Serval
     # deadlines; wall clock for stats) and the Server#stats it sent with it.
     class WorkerHandle
       attr_reader :pid, :index, :phase, :spawned_at, :booted_at, :last_checkin_at, :last_status, :status_io, :control_io,
-                  :reply_buffer
+                  :replies
       attr_accessor :exit_status, :stop_sent_at
 
       def initialize(pid:, index:, phase:, status_io:, control_io:, now:)
@@ -18,7 +19,7 @@ module Serval
         @phase = phase
         @status_io = status_io
         @control_io = control_io
-        @reply_buffer = +"" # a partial answer on control_io (CommandChannel::Asker)
+        @replies = CommandChannel::Reader.new(control_io) # read by CommandChannel::Asker
         @spawned_at = now
         @started_at = Time.now.utc
         @booted_at = nil
