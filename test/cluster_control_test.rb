@@ -13,9 +13,10 @@ class ClusterControlTest < Minitest::Test
 
   TOKEN = "cluster-ctl"
 
-  def boot
-    server = spawn_server(["-w", "2", "-t", "1:2", "-b", "tcp://127.0.0.1:0", "--control-url", "unix://ctl.sock",
-                           "--control-token", TOKEN]).boot
+  def boot(config = "")
+    files = { "config.ru" => Serval::SubprocessServer::HELLO, "serval.rb" => config }
+    server = spawn_server(["-C", "serval.rb", "-w", "2", "-t", "1:2", "-b", "tcp://127.0.0.1:0",
+                           "--control-url", "unix://ctl.sock", "--control-token", TOKEN], files: files).boot
     server.wait_for(/\* Control app on unix:/)
     2.times { |i| server.wait_for(/Worker #{i}\b.*booted/) }
     server
@@ -52,11 +53,13 @@ class ClusterControlTest < Minitest::Test
     assert_empty json["missing"]
   end
 
+  # The trace records for longer than worker_timeout: a worker whose
+  # supervise loop waited for it would miss its check-ins and be killed.
   def test_gvl_trace_merges_the_workers_traces
-    server = boot
+    server = boot("worker_timeout 1.5\nworker_check_interval 0.25\n")
     pids = worker_pids(server)
     started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-    status, trace = control(server, "/gvl-trace?seconds=0.3")
+    status, trace = control(server, "/gvl-trace?seconds=2.5")
     elapsed_us = (Process.clock_gettime(Process::CLOCK_MONOTONIC) - started) * 1e6
     unless Serval::Native::GVL.supported?
       assert_equal 501, status
@@ -78,5 +81,7 @@ class ClusterControlTest < Minitest::Test
     end
     assert_equal pids.values.sort, trace["otherData"]["workers"].map { |w| w["pid"] }.sort
     assert_empty trace["otherData"]["missing"]
+    assert_equal pids, worker_pids(server), "the same workers, none killed for a missed check-in"
+    refute_match(/timed out/, server.stderr + server.stdout)
   end
 end
