@@ -260,6 +260,11 @@ class ControlAppTest < Minitest::Test
       %w[connections accepted rejected min_threads].each { |key| assert_kind_of Integer, json[key], key }
       assert_equal "histogram", json.dig("timing", "queue_seconds", "type")
       assert json["timing"].key?("gvl_utilization")
+      # the histograms count the application's requests, not the control app's
+      port = launcher.urls.first[/:(\d+)\z/, 1].to_i
+      assert_match(%r{\AHTTP/1\.1 200 }, raw_request(port, "GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"))
+      json = JSON.parse(unix_get("/stats?token=#{TOKEN}", "#{dir}/ctl.sock").split("\r\n\r\n", 2).last)
+      assert_equal [1, 1], [json["requests_count"], json.dig("timing", "queue_seconds", "count")]
       assert_match(/"stop"/, unix_get("/stop?token=#{TOKEN}", "#{dir}/ctl.sock"))
       assert_equal 0, thread.join(10)&.value
       refute File.exist?("#{dir}/ctl.sock")
