@@ -104,8 +104,11 @@ module Serval
             missing = {}
             pending = {}
             handles.each do |h|
-              sent = h.control_io.write_nonblock(line, exception: false)
-              sent == line.bytesize ? pending[h.control_io] = h : missing[h] = "its command channel is full"
+              if h.control_io.write_nonblock(line, exception: false) == line.bytesize
+                pending[h.control_io] = h
+              else
+                missing[h] = "its command channel is full" # it has not read for a long while
+              end
             rescue IOError, SystemCallError => e
               missing[h] = "not reachable (#{e.class.name.split('::').last})"
             end
