@@ -77,10 +77,13 @@ module Serval
       @impl.enqueue(command)
     end
 
-    # Thread name => backtrace (Array of String) for every thread of this process.
-    def thread_backtraces
-      Support.thread_backtraces
-    end
+    # Single: thread name => backtrace (Array of String) for every thread;
+    # cluster: the master's and each worker's (Cluster#thread_backtraces).
+    def thread_backtraces = @impl.thread_backtraces
+
+    # A GVL trace of this process, or in cluster mode of every worker merged,
+    # as Chrome trace-event JSON text; NotImplementedError before Ruby 3.2.
+    def gvl_trace(seconds) = @impl.gvl_trace(seconds)
 
     # Helpers shared by Single and Cluster (the process that supervises).
     module Support

@@ -43,11 +43,22 @@ module Serval
       @binder ? @binder.urls : []
     end
 
+    # Everything Server#stats reports (the figures a cluster worker sends with
+    # its check-in), plus when this process booted.
     def stats
-      { started_at: @started_at }.merge(@server ? @server.stats.slice(*STAT_KEYS) : {})
+      { started_at: @started_at }.merge(@server ? @server.stats : {})
     end
 
-    STAT_KEYS = %i[backlog running pool_capacity busy_threads max_threads requests_count].freeze
+    # This process's GVL timeline as Chrome trace-event JSON text.
+    def gvl_trace(seconds)
+      require "json"
+      require "serval/gvl_trace"
+      JSON.generate(GVLTrace.record(seconds))
+    end
+
+    def thread_backtraces
+      Launcher::Support.thread_backtraces
+    end
 
     private
 
