@@ -24,12 +24,12 @@ module Serval
         @mutex = Mutex.new
         @cond = ConditionVariable.new
         @stopped = false
+        @seen = signature
       end
 
       # The file's state is taken now, before boot: a touch while the app
       # boots restarts it once it serves.
       def start
-        @seen = signature
         @thread = Thread.new do
           Thread.current.name = "serval-tmp-restart"
           watch if @launcher.wait_until_booted(BOOT_WAIT)
@@ -45,19 +45,24 @@ module Serval
         @thread&.join
       end
 
+      # One look: queues a restart when the file appeared or changed since
+      # the last look (or since #initialize); true when it did.
+      def check
+        now = signature
+        return false if now == @seen
+
+        @seen = now
+        return false unless now
+
+        @launcher.log_writer.info("- #{@path} changed: hot restart (plugin tmp_restart)")
+        @launcher.enqueue(:restart)
+        true
+      end
+
       private
 
       def watch
-        until pause
-          now = signature
-          next if now == @seen
-
-          @seen = now
-          next unless now
-
-          @launcher.log_writer.info("- #{@path} changed: hot restart (plugin tmp_restart)")
-          @launcher.enqueue(:restart)
-        end
+        check until pause
       end
 
       # Waits one interval; true once stopped.
