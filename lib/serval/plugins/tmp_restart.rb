@@ -24,11 +24,9 @@ module Serval
         @mutex = Mutex.new
         @cond = ConditionVariable.new
         @stopped = false
-        @seen = signature
+        @seen = signature # taken before boot: a touch while the app boots restarts it once it serves
       end
 
-      # The file's state is taken now, before boot: a touch while the app
-      # boots restarts it once it serves.
       def start
         @thread = Thread.new do
           Thread.current.name = "serval-tmp-restart"
