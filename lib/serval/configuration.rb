@@ -158,7 +158,7 @@ module Serval
         DSL.new(file_options, warn, sources: file_sources, source: "config file #{@config_file}",
                                     default_host: default_host).load_file(@config_file)
       end
-      sources = DEFAULTS.keys.to_h { |k| [k, "default"] }
+      sources = (DEFAULTS.keys - [:sources]).to_h { |k| [k, "default"] }
       sources.merge!(launcher_sources, env_sources, file_sources, cli_sources)
       hash = DEFAULTS.merge(launcher, env_options, file_options, cli)
       @options = self.class.finish(hash.merge(sources: sources.slice(*hash.keys)))
