@@ -3,6 +3,7 @@
 require "serval/launcher"
 require "serval/systemd"
 require "serval/boot_state"
+require "serval/boot_report"
 require "serval/cluster/worker_handle"
 require "serval/cluster/worker"
 require "serval/cluster/command_channel"
@@ -88,9 +89,7 @@ module Serval
       Dir.chdir(@options[:directory]) if @options[:directory]
       ENV["RACK_ENV"] = @options[:environment]
       @log_writer.info("Serval #{VERSION} (ruby #{RUBY_VERSION}-p#{RUBY_PATCHLEVEL}) starting in cluster mode")
-      @log_writer.info("* Environment: #{@options[:environment]}")
-      @log_writer.info("* Workers: #{@wanted}, threads: #{@options[:min_threads]}..#{@options[:max_threads]}, " \
-                       "preload: #{@preload}")
+      BootReport.lines(@options, preload: @preload).each { |line| @log_writer.info(line) }
       require "serval/server" # the extension is loaded once, before fork
       @app ||= Launcher::Support.load_app(@options[:rackup]) if @preload
       @binder = Binder.new(backlog: @options[:backlog], log_writer: @log_writer)

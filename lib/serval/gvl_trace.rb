@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require "serval/serval_ext"
+require "serval/native_ext"
 
 module Serval
   # A GVL timeline of this process as Chrome trace-event JSON (open it in

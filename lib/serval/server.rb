@@ -3,7 +3,7 @@
 require "socket"
 require "serval/version"
 require "serval/errors"
-require "serval/serval_ext"
+require "serval/native_ext"
 require "serval/thread_pool"
 require "serval/request_handler"
 require "serval/error_responder"

@@ -3,6 +3,7 @@
 require "serval/launcher"
 require "serval/systemd"
 require "serval/boot_state"
+require "serval/boot_report"
 
 module Serval
   # Single mode: one process loads the app, binds, runs the Server and then
@@ -67,8 +68,7 @@ module Serval
       Dir.chdir(@options[:directory]) if @options[:directory]
       ENV["RACK_ENV"] = @options[:environment]
       @log_writer.info("Serval #{VERSION} (ruby #{RUBY_VERSION}-p#{RUBY_PATCHLEVEL}) starting in single mode")
-      @log_writer.info("* Environment: #{@options[:environment]}")
-      @log_writer.info("* Threads: #{@options[:min_threads]}..#{@options[:max_threads]}")
+      BootReport.lines(@options).each { |line| @log_writer.info(line) }
       @app ||= Launcher::Support.load_app(@options[:rackup])
       @binder = Binder.new(backlog: @options[:backlog], log_writer: @log_writer)
       @binder.bind(@options[:binds])

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require "serval/serval_ext"
+require "serval/native_ext"
 
 module Serval
   # Where one request's time went, in seconds: env["serval.timing"], complete
