@@ -47,7 +47,7 @@ module Serval
       { started_at: @started_at }.merge(@server ? @server.stats.slice(*STAT_KEYS) : {})
     end
 
-    STAT_KEYS = %i[backlog running pool_capacity busy_threads max_threads requests_count].freeze
+    STAT_KEYS = %i[backlog running pool_capacity busy_threads max_threads requests_count timing].freeze
 
     private
 
