@@ -4,6 +4,7 @@ require "test_helper"
 require "json"
 require "fileutils"
 require "support/subprocess_server"
+require "serval/prometheus"
 
 # Real nginx and real HAProxy (the Debian packages) in front of a Serval
 # subprocess, each stamping X-Request-Start. One Serval thread: a request
@@ -119,6 +120,38 @@ class ProxyTest < Minitest::Test
       start_proxy([haproxy, "-f", conf, "-db"], port, dir)
       exercise(serval, port, /\At=\d{13}\z/)
     end
+  end
+
+  # Without a proxy: every request with a stamp is counted in the histogram
+  # (not only the sampled ones), a request without one is not, and the
+  # access log carries upstream= only when there was a stamp.
+  def test_upstream_histogram_and_log_field_in_process
+    out = StringIO.new
+    log = Serval::LogWriter.new(stdout: out, stderr: StringIO.new)
+    app = ->(_env) { [200, { "content-type" => "text/plain" }, ["ok"]] }
+    with_server(app, log_writer: log, timing_sample_rate: 0.0) do |server, port|
+      stamp = ((Time.now.to_f - 0.3) * 1e3).round # 300 ms ago, in ms as HAProxy sends it
+      raw_request(port, "GET /stamped HTTP/1.1\r\nHost: x\r\nX-Request-Start: t=#{stamp}\r\nConnection: close\r\n\r\n")
+      raw_request(port, "GET /plain HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+      hist = server.stats[:timing].fetch("request_upstream_queue_seconds")
+      assert_equal 1, hist[:count], "only the stamped request"
+      assert_operator hist[:sum], :>=, 0.299
+      assert_equal 2, server.stats[:timing]["queue_seconds"][:count]
+      text = Serval::Prometheus.render(server.stats.slice(:timing))
+      assert_includes text, "# TYPE serval_request_upstream_queue_seconds histogram\n"
+      assert_includes text, %(serval_request_upstream_queue_seconds_bucket{le="0.25"} 0\n)
+      assert_includes text, "serval_request_upstream_queue_seconds_count 1\n"
+    end
+    with_server(app, log_writer: log, log_requests: true) do |_server, port|
+      stamp = format("t=%.3f", Time.now.to_f - 0.05) # nginx's ${msec}
+      raw_request(port, "GET /stamped HTTP/1.1\r\nHost: x\r\nX-Request-Start: #{stamp}\r\nConnection: close\r\n\r\n")
+      raw_request(port, "GET /plain HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    end
+    stamped = out.string.lines.grep(%r{/stamped}).first
+    plain = out.string.lines.grep(%r{/plain}).first
+    assert_match(/ upstream=\d+\.\d\d$/, stamped)
+    assert_operator stamped[/upstream=(\S+)/, 1].to_f, :>=, 49.0
+    refute_match(/upstream=/, plain)
   end
 
   private
