@@ -1,5 +1,6 @@
 /* Serval::Native::Core - the Ruby face of the I/O core. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -161,8 +162,14 @@ static VALUE core_listen(int argc, VALUE *argv, VALUE self)
     const char *n = StringValueCStr(name);
     if (strlen(n) >= sizeof(l->name))
         rb_raise(rb_eArgError, "server name too long");
+    /* The loop accepts in batches until EAGAIN: a blocking listener (a
+     * systemd socket is one) would stop the loop in accept4. */
+    int lfd = NUM2INT(fd);
+    int fl = fcntl(lfd, F_GETFL);
+    if (fl < 0 || (!(fl & O_NONBLOCK) && fcntl(lfd, F_SETFL, fl | O_NONBLOCK) < 0))
+        rb_sys_fail("serval listener: O_NONBLOCK");
     l->kind = SV_KIND_LISTENER;
-    l->fd = NUM2INT(fd);
+    l->fd = lfd;
     l->port = NUM2INT(port);
     strcpy(l->name, n);
     l->tls_ctx = NIL_P(tls) ? NULL : sv_tls_ctx_get(tls);
