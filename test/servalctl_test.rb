@@ -50,7 +50,7 @@ class ServalctlTest < Minitest::Test
     assert_equal 0, stats.status, stats.err
     json = JSON.parse(stats.out)
     assert_equal 2, json["max_threads"]
-    assert_equal %w[backlog busy_threads max_threads pool_capacity requests_count running started_at], json.keys.sort
+    assert_equal %w[backlog busy_threads max_threads pool_capacity requests_count running started_at timing], json.keys.sort
 
     status = ctl(*url, "status")
     assert_equal 0, status.status
