@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "serval/threads"
+
 module Serval
   # One log line for every error response the native core answers itself
   # (400, 408, 413, 414, 417, 431, 501, 505; 500 when a body cannot be
@@ -33,8 +35,7 @@ module Serval
     def start
       return self if @limit.zero? || @thread
 
-      @thread = Thread.new { run }
-      @thread.name = "serval-errlog" if @thread.respond_to?(:name=)
+      @thread = Threads.spawn("serval-errlog", @log_writer) { run }
       self
     end
 
