@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "serval/threads"
+require "serval/configuration"
 
 module Serval
   # One log line for every error response the native core answers itself
@@ -20,10 +21,11 @@ module Serval
   class ErrorLog
     WINDOW = 1.0 # seconds
 
+    # limit: lines per second; nil takes the default (Configuration::DEFAULTS)
     def initialize(core, log_writer, limit:)
       @core = core
       @log_writer = log_writer
-      @limit = limit
+      @limit = limit || Configuration::DEFAULTS[:error_log_limit]
       @window_at = nil
       @written = 0
       @suppressed = 0

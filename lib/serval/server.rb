@@ -28,7 +28,7 @@ module Serval
       @thread_pool = ThreadPool.new(@core, min: options[:min_threads], max: options[:max_threads],
                                            idle_timeout: options[:thread_idle_timeout],
                                            log_writer: log_writer) { |req| @handler.call(req) }
-      @error_log = ErrorLog.new(@core, log_writer, limit: options.fetch(:error_log_limit, 10))
+      @error_log = ErrorLog.new(@core, log_writer, limit: options[:error_log_limit])
       @listeners = []
       @state = :new
       @mutex = Mutex.new
