@@ -46,7 +46,7 @@ class ConfigurationTest < Minitest::Test
     assert defaults[:binds].frozen?
     assert_equal ["tcp://0.0.0.0:9292"], defaults[:binds]
     assert_equal [0, 5], defaults.values_at(:min_threads, :max_threads)
-    assert_equal 104_857_600, defaults[:max_body]
+    assert_nil defaults[:max_body] # no limit, as Puma
     assert_equal Serval::Configuration::RULES.keys.sort, defaults.keys.sort
     options = load_config
     assert options.frozen?

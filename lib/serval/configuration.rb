@@ -31,7 +31,7 @@ module Serval
       max_request_line: 8192,
       max_head: 65_536,
       max_headers: 128,
-      max_body: 104_857_600,
+      max_body: nil, # no limit, as Puma (docs/configuration.md "Request bodies")
       body_spill: 262_144,
       max_chunk_ext: 1024,
       first_data_timeout: 30.0,
@@ -61,7 +61,8 @@ module Serval
       state_path: nil,
       plugins: [].freeze,
       stdout_sync: true,
-      sources: {}.freeze
+      sources: {}.freeze,
+      error_log_limit: 10
     }.freeze
 
     # Cluster hooks => how many arguments their blocks receive.
@@ -91,7 +92,7 @@ module Serval
       max_request_line: [:int, 64, 1 << 20],
       max_head: [:int, 256, 16 << 20],
       max_headers: [:int, 1, 10_000],
-      max_body: [:int, 0, 1 << 62],
+      max_body: [:int_or_nil, 0, 1 << 62],
       body_spill: [:int, 0, 1 << 30],
       max_chunk_ext: [:int, 0, 1 << 20],
       first_data_timeout: [:seconds, 0.001, DAY],
@@ -118,7 +119,8 @@ module Serval
       state_path: [:string_or_nil],
       plugins: [:plugins],
       stdout_sync: [:bool],
-      sources: [:sources]
+      sources: [:sources],
+      error_log_limit: [:int, 0, 1_000_000]
     }.freeze
 
     # Plugins (`plugin :name`) Serval runs; see lib/serval/plugins.rb.
@@ -199,6 +201,7 @@ module Serval
       kind, min, max = RULES.fetch(key)
       case kind
       when :int then range(name, int(name, value), min, max)
+      when :int_or_nil then value.nil? ? nil : range(name, int(name, value), min, max)
       when :seconds then range(name, seconds(name, value), min, max)
       when :bool then bool(name, value)
       when :string then string(name, value)
