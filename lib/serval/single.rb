@@ -47,7 +47,7 @@ module Serval
       { started_at: @started_at }.merge(@server ? @server.stats.slice(*STAT_KEYS) : {})
     end
 
-    STAT_KEYS = %i[backlog running pool_capacity busy_threads max_threads requests_count].freeze
+    STAT_KEYS = %i[backlog running pool_capacity busy_threads max_threads requests_count db_pools].freeze
 
     private
 
@@ -76,6 +76,7 @@ module Serval
       @server = Server.new(@app, @options, log_writer: @log_writer)
       @binder.listeners.each { |l| @server.listen(l.io, l.tls) }
       @server.run
+      @server.watch_db_pools
       @watcher = Thread.new do
         Thread.current.name = "serval-watcher"
         @server.join

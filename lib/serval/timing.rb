@@ -17,23 +17,28 @@ module Serval
   #   run             held the GVL (Ruby 3.2+; nil on 3.1)
   #   idle            without the GVL and not asking for it: I/O, sleep (3.2+)
   #   stall           waiting for the GVL (3.2+)
-  #   wait            idle + stall (3.2+); on 3.1 wall - cpu when cpu was
-  #                   sampled, where I/O and stall cannot be told apart
+  #   wait            idle + stall (3.2+); on 3.1 wall - cpu - pool_wait when
+  #                   cpu was sampled, where I/O and stall cannot be told apart
+  #   pool_wait       blocked checking out an Active Record connection, on
+  #                   every Ruby; nil without Active Record. Not part of run,
+  #                   idle, stall or wait: run + idle + stall + pool_wait = wall
   class Timing
     def to_h
       { queue: queue, upstream_queue: upstream_queue, wall: wall, cpu: cpu, gc: gc,
-        run: run, idle: idle, stall: stall, wait: wait }
+        run: run, idle: idle, stall: stall, wait: wait, pool_wait: pool_wait }
     end
 
     # The access-log fields, in milliseconds.
     def log_fields
-      if gvl_split?
-        format("queue=%.2f run=%.2f idle=%.2f stall=%.2f", queue * 1e3, run * 1e3, idle * 1e3, stall * 1e3)
-      elsif cpu
-        format("queue=%.2f cpu=%.2f wait=%.2f", queue * 1e3, cpu * 1e3, wait * 1e3)
-      else
-        format("queue=%.2f wall=%.2f", queue * 1e3, (wall || 0) * 1e3)
-      end
+      fields = if gvl_split?
+                 format("queue=%.2f run=%.2f idle=%.2f stall=%.2f", queue * 1e3, run * 1e3, idle * 1e3, stall * 1e3)
+               elsif cpu
+                 format("queue=%.2f cpu=%.2f wait=%.2f", queue * 1e3, cpu * 1e3, wait * 1e3)
+               else
+                 format("queue=%.2f wall=%.2f", queue * 1e3, (wall || 0) * 1e3)
+               end
+      waited = pool_wait
+      waited ? format("%s pool_wait=%.2f", fields, waited * 1e3) : fields
     end
 
     # X-Request-Start / X-Queue-Start as proxies send them: "t=" or not, in
