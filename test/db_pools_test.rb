@@ -105,9 +105,9 @@ class DbPoolsTest < Minitest::Test
     metrics = Serval::SubprocessServer.free_port
     server = boot(["-t", "5:5", "-p", "0", "--log-requests", "--control-url", "tcp://127.0.0.1:#{ctl}",
                    "--control-token", TOKEN, "--metrics-bind", "tcp://127.0.0.1:#{metrics}", "config.ru"], pool: 2)
-    warning = server.wait_for(/^WARNING: max_threads.*/, stream: :err)[0]
-    assert_match(/\AWARNING: max_threads 5 \([^)]+\) .*"primary": 2 \(database config "primary" pool\)/, warning)
-    eventually("the control app") { control(ctl, "/stats").key?(:db_pools) }
+    server.wait_for(/Control app on/)
+    assert_equal [{ name: "primary", size: 2, connections: 0, busy: 0, idle: 0, waiting: 0, dead: 0 }],
+                 control(ctl, "/stats")[:db_pools]
     port = server.port
 
     holders = Array.new(2) { Thread.new { get(port, "/hold").status } }
@@ -144,6 +144,8 @@ class DbPoolsTest < Minitest::Test
     waits = log.map { |l| Float(l[/ pool_wait=(\d+\.\d\d)$/, 1] || flunk("no pool_wait in #{l}")) }
     assert_equal 2, waits.count(&:positive?), log.join
     assert_equal 0, control(ctl, "/stats")[:db_pools].first[:waiting]
+    warning = server.wait_for(/^WARNING: max_threads.*/, stream: :err)[0]
+    assert_match(/\AWARNING: max_threads 5 \([^)]+\) .*"primary": 2 \(database config "primary" pool\)/, warning)
   end
 
   # run + idle + stall + pool_wait = wall with the GVL hook; without it
