@@ -315,7 +315,9 @@ static sv_pool_wait *pool_wait_state(void)
 {
 #ifdef SV_GVL_HOOK
     if (hook) {
-        sv_gvl_slot *s = current_slot(now_ns(CLOCK_MONOTONIC));
+        sv_gvl_slot *s = SLOT_GET(rb_thread_current()); /* claimed already: no clock read */
+        if (!s || s->gen != atomic_load_explicit(&gen, memory_order_relaxed))
+            s = current_slot(now_ns(CLOCK_MONOTONIC));
         if (s)
             return &s->pool;
     }
