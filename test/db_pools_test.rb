@@ -7,6 +7,7 @@ require "json"
 require "open3"
 require "serval/prometheus"
 require "serval/db_pools"
+require "serval/ctl"
 
 # Active Record's connection pools seen by Serval: pool figures in /stats and
 # /metrics, pool_wait per request, the max_threads > pool warning. The real
@@ -123,6 +124,10 @@ class DbPoolsTest < Minitest::Test
     assert_includes text, %(serval_db_pool_waiting{pool="primary"} 2\n)
     assert_includes text, %(serval_db_pool_size{pool="primary"} 2\n)
     assert_includes text, %(serval_db_pool_busy{pool="primary"} 2\n)
+    out = StringIO.new
+    assert_equal 0, Serval::Ctl.new(["--control-url", "tcp://127.0.0.1:#{ctl}", "--control-token", TOKEN, "stats"],
+                                    stdout: out, stderr: out).run
+    assert_equal 2, JSON.parse(out.string)["db_pools"].first["waiting"], out.string
     released = now
     assert_equal 200, get(port, "/release?n=4").status
     assert_equal [200] * 4, (holders + waiters).map(&:value)
