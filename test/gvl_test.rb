@@ -178,6 +178,25 @@ class GVLTest < Minitest::Test
     end
   end
 
+  # Native::PoolWait keeps, per thread, the wall time of each blocked
+  # checkout and the run/idle/stall inside it (which Timing takes out of the
+  # three). Sleep is idle; the busy loop holds the GVL.
+  def test_pool_wait_records_the_gvl_split_inside_the_wait
+    Serval::Native::GVL.enable
+    assert_nil Serval::Native::PoolWait.leave, "leave without enter"
+    before = Serval::Native::PoolWait.sample
+    Serval::Native::PoolWait.enter
+    sleep 0.05
+    busy(0.02)
+    waited = Serval::Native::PoolWait.leave
+    wall, run, idle, stall = Serval::Native::PoolWait.sample.zip(before).map { |a, b| a - b }
+    assert_in_delta waited, wall, 1e-6
+    assert_in_delta wall, run + idle + stall, 0.001, [wall, run, idle, stall].inspect
+    assert_operator idle, :>=, 0.045, [wall, run, idle, stall].inspect
+    assert_operator run, :>=, 0.015, [wall, run, idle, stall].inspect
+    assert_equal Serval::Native::PoolWait.sample, Serval::Native::PoolWait.sample, "no wait open: totals stay"
+  end
+
   def test_record_validates_seconds
     require "serval/gvl_trace"
     assert_raises(ArgumentError) { Serval::GVLTrace.record(0) }

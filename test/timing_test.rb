@@ -180,6 +180,90 @@ class TimingTest < Minitest::Test
     end
   end
 
+  # Runs the block in a forked child and returns what it returned (Marshal).
+  # PoolWait.enable is process-wide and one-way: this process stays without it.
+  def in_child
+    reader, writer = IO.pipe
+    pid = fork do
+      reader.close
+      result = begin
+        [:ok, yield]
+      rescue Exception => e # rubocop:disable Lint/RescueException
+        [:error, e.full_message]
+      end
+      writer.write(Marshal.dump(result))
+      writer.close
+      exit!(0)
+    end
+    writer.close
+    status, value = Marshal.load(reader.read) # rubocop:disable Security/MarshalLoad
+    flunk("child failed: #{value}") unless status == :ok
+    value
+  ensure
+    reader&.close
+    Process.wait(pid) if pid
+  end
+
+  # pool_wait on every Ruby: the child turns PoolWait on (what DbPools does
+  # once Active Record is loaded) and its app blocks 100 ms between enter and
+  # leave, as Active Record's checkout does, then sleeps 50 ms.
+  def test_pool_wait_is_its_own_figure
+    t, hist, log = in_child do
+      Serval::Native::PoolWait.enable
+      seen = Queue.new
+      out = StringIO.new
+      app = lambda do |env|
+        Serval::Native::PoolWait.enter
+        sleep 0.1
+        Serval::Native::PoolWait.leave
+        sleep 0.05
+        env["rack.response_finished"] << ->(e, *) { seen << e["serval.timing"].to_h }
+        [200, {}, ["ok"]]
+      end
+      with_server(app, log_writer: Serval::LogWriter.new(stdout: out, stderr: StringIO.new),
+                       log_requests: true, max_threads: 1) do |server, port|
+        http(port, "GET /pooled HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        [seen.pop, server.stats[:timing]["request_pool_wait_seconds"], out.string]
+      end
+    end
+    assert_operator t[:pool_wait], :>=, 0.1, t.inspect
+    assert_operator t[:pool_wait], :<=, t[:wall] - 0.05, t.inspect
+    if t[:run] # GVL hook: the wait is out of idle, and the four add up to wall
+      assert_in_delta t[:wall], t[:run] + t[:idle] + t[:stall] + t[:pool_wait], [0.002, t[:wall] * 0.02].max, t.inspect
+      assert_operator t[:idle], :>=, 0.045, t.inspect
+      assert_operator t[:idle], :<, 0.1, t.inspect
+    else # 3.1: out of wait (wall - cpu)
+      assert_in_delta t[:wall] - t[:cpu] - t[:pool_wait], t[:wait], 1e-6, t.inspect
+      assert_operator t[:wait], :>=, 0.045, t.inspect
+      assert_operator t[:wait], :<, 0.1, t.inspect
+    end
+    line = log.lines.grep(%r{/pooled}).first
+    logged = line && line[/ pool_wait=(\d+\.\d\d)$/, 1]
+    refute_nil logged, log
+    assert_in_delta t[:pool_wait] * 1e3, Float(logged), 0.01
+    assert_equal :histogram, hist[:type]
+    assert_equal 1, hist[:count]
+    assert_in_delta t[:pool_wait], hist[:sum], 1e-9
+    assert_equal 0, hist[:buckets].find { |le, _| le == 0.05 }[1], "100 ms is above the 50 ms bucket"
+  end
+
+  # Without PoolWait.enable (no Active Record) pool_wait is absent, not 0.
+  def test_no_pool_wait_without_active_record
+    seen = Queue.new
+    app = lambda do |env|
+      env["rack.response_finished"] << ->(e, *) { seen << e["serval.timing"] }
+      [200, {}, ["ok"]]
+    end
+    with_server(app, timing_sample_rate: 1.0) do |server, port|
+      http(port, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+      t = seen.pop
+      assert_nil t.pool_wait
+      assert t.to_h.key?(:pool_wait)
+      refute_match(/pool_wait/, t.log_fields)
+      refute server.stats[:timing].key?("request_pool_wait_seconds")
+    end
+  end
+
   def test_gvl_trace_on_ruby_without_the_hook
     skip "Ruby #{RUBY_VERSION} has the GVL hook: see gvl_test.rb" if Serval::Native::GVL.supported?
     require "serval/gvl_trace"

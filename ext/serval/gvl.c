@@ -18,6 +18,14 @@
  *
  * Without the hook API (Ruby 3.1) only Native::GVL.sample's clock readings
  * work; supported? is false and the rest raises NotImplementedError.
+ *
+ * Serval::Native::PoolWait keeps a fourth per-thread figure: time blocked
+ * checking out a database connection (lib/serval/db_pools.rb wraps Active
+ * Record's blocking wait in enter/leave). It records the wall time of each
+ * wait and the run/idle/stall time that fell inside it, so a request's
+ * Timing can take the wait out of those three (ext/serval/timing.c). Only a
+ * checkout that blocks calls it; a free connection costs nothing. It works
+ * on every Ruby: without the hook only the wall time is kept.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -37,6 +45,7 @@
 #endif
 
 #define SV_GVL_SLOTS 512            /* threads tracked at once */
+#define SV_PW_FIGURES 4             /* pool wait: wall, run, idle, stall */
 #define SV_GVL_TRACE_CAP 262144     /* events per trace (16 bytes each) */
 
 enum { SV_GVL_RUN = 0, SV_GVL_IDLE = 1, SV_GVL_WAIT = 2 };
@@ -48,6 +57,17 @@ static uint64_t now_ns(clockid_t clk)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* One thread's pool waits: totals so far and the counters when the wait in
+ * progress began. Touched only by the owner thread, with the GVL held. */
+typedef struct {
+    uint64_t total[SV_PW_FIGURES];
+    uint64_t at[SV_PW_FIGURES];
+    int open;
+} sv_pool_wait;
+
+static int pool_wait_on;             /* PoolWait.enable was called in this process */
+static __thread sv_pool_wait tls_pool_wait; /* threads without a GVL slot (Ruby 3.1) */
+
 #ifdef SV_GVL_HOOK
 
 typedef struct {
@@ -57,6 +77,7 @@ typedef struct {
     int state;                  /* SV_GVL_*; owner thread only */
     uint64_t since;             /* when state began; owner thread only */
     _Atomic uint64_t ns[3];     /* totals per state; written by the owner, read by anyone */
+    sv_pool_wait pool;          /* owner thread only */
 } sv_gvl_slot;
 
 typedef struct {
@@ -116,6 +137,7 @@ static sv_gvl_slot *slot_of(VALUE th, int state, uint64_t now)
         c->since = now;
         for (int k = 0; k < 3; k++)
             atomic_store_explicit(&c->ns[k], 0, memory_order_relaxed);
+        memset(&c->pool, 0, sizeof(c->pool));
         SLOT_SET(th, c);
         return c;
     }
@@ -287,6 +309,90 @@ int sv_gvl_counters(uint64_t out[3])
 #endif
 }
 
+/* The calling thread's pool-wait record: in its GVL slot when the hook runs
+ * (3.3+ may run Ruby threads on shared native threads), else thread-local. */
+static sv_pool_wait *pool_wait_state(void)
+{
+#ifdef SV_GVL_HOOK
+    if (hook) {
+        sv_gvl_slot *s = SLOT_GET(rb_thread_current()); /* claimed already: no clock read */
+        if (!s || s->gen != atomic_load_explicit(&gen, memory_order_relaxed))
+            s = current_slot(now_ns(CLOCK_MONOTONIC));
+        if (s)
+            return &s->pool;
+    }
+#endif
+    return &tls_pool_wait;
+}
+
+/* PoolWait.enter: a connection checkout is about to block. Notes the clock
+ * and the thread's run/idle/stall counters. */
+static VALUE pw_enter(VALUE mod)
+{
+    sv_pool_wait *p = pool_wait_state();
+    uint64_t g[3] = {0, 0, 0};
+    int split = sv_gvl_counters(g);
+    p->at[0] = now_ns(CLOCK_MONOTONIC);
+    for (int k = 0; k < 3; k++)
+        p->at[k + 1] = g[k];
+    p->open = split ? 2 : 1;
+    return Qnil;
+}
+
+/* PoolWait.leave: the checkout returned (or raised). Adds the wait to the
+ * thread's totals; returns its wall seconds, nil without a matching enter. */
+static VALUE pw_leave(VALUE mod)
+{
+    sv_pool_wait *p = pool_wait_state();
+    if (!p->open)
+        return Qnil;
+    uint64_t g[3] = {0, 0, 0};
+    int split = sv_gvl_counters(g) && p->open == 2;
+    uint64_t now = now_ns(CLOCK_MONOTONIC);
+    uint64_t wall = now > p->at[0] ? now - p->at[0] : 0;
+    p->total[0] += wall;
+    for (int k = 0; split && k < 3; k++) {
+        if (g[k] > p->at[k + 1])
+            p->total[k + 1] += g[k] - p->at[k + 1];
+    }
+    p->open = 0;
+    return DBL2NUM((double)wall / 1e9);
+}
+
+/* PoolWait.enable: from now on requests in this process report pool_wait. */
+static VALUE pw_enable(VALUE mod)
+{
+    pool_wait_on = 1;
+    return Qtrue;
+}
+
+static VALUE pw_enabled_p(VALUE mod)
+{
+    return pool_wait_on ? Qtrue : Qfalse;
+}
+
+/* PoolWait.sample: the calling thread's totals in seconds, [wall, run, idle,
+ * stall] (run/idle/stall 0 without the hook). */
+static VALUE pw_sample(VALUE mod)
+{
+    sv_pool_wait *p = pool_wait_state();
+    VALUE out = rb_ary_new_capa(SV_PW_FIGURES);
+    for (int k = 0; k < SV_PW_FIGURES; k++)
+        rb_ary_push(out, DBL2NUM((double)p->total[k] / 1e9));
+    return out;
+}
+
+/* The calling thread's pool-wait totals (ns: wall, run, idle, stall); 0 when
+ * no PoolWait.enable in this process (no Active Record: pool_wait absent). */
+int sv_pool_wait_counters(uint64_t out[SV_PW_FIGURES])
+{
+    if (!pool_wait_on)
+        return 0;
+    sv_pool_wait *p = pool_wait_state();
+    memcpy(out, p->total, sizeof(p->total));
+    return 1;
+}
+
 static VALUE gvl_supported_p(VALUE mod)
 {
 #ifdef SV_GVL_HOOK
@@ -317,6 +423,13 @@ static VALUE gvl_nil(VALUE mod)
 
 void sv_init_gvl(VALUE mNative)
 {
+    VALUE pw = rb_define_module_under(mNative, "PoolWait");
+    rb_define_singleton_method(pw, "enter", pw_enter, 0);
+    rb_define_singleton_method(pw, "leave", pw_leave, 0);
+    rb_define_singleton_method(pw, "enable", pw_enable, 0);
+    rb_define_singleton_method(pw, "enabled?", pw_enabled_p, 0);
+    rb_define_singleton_method(pw, "sample", pw_sample, 0);
+
     VALUE m = rb_define_module_under(mNative, "GVL");
     rb_define_singleton_method(m, "supported?", gvl_supported_p, 0);
     rb_define_singleton_method(m, "sample", gvl_sample, 0);

@@ -23,9 +23,10 @@ typedef struct {
     uint64_t cpu0, cpu1;         /* thread CPU ns; valid when has_cpu */
     uint64_t gc0, gc1;           /* GC.total_time ns */
     uint64_t gvl0[3], gvl1[3];   /* run, idle, stall ns; valid when has_gvl */
+    uint64_t pw0[4], pw1[4];     /* pool wait: wall, run, idle, stall ns; valid when has_pool */
     double queue;
     double upstream;             /* NaN when no header */
-    int has_cpu, has_gc, has_gvl, finished;
+    int has_cpu, has_gc, has_gvl, has_pool, finished;
 } sv_tm;
 
 void sv_tm_begin(sv_tm *t, double queued_at, VALUE env, int detailed);
@@ -34,6 +35,7 @@ VALUE sv_timing_new(sv_tm **out);
 VALUE sv_timing_env_key(void);
 double sv_request_queued_at(VALUE req);
 int sv_gvl_counters(uint64_t out[3]);
+int sv_pool_wait_counters(uint64_t out[4]);
 void sv_init_timing(VALUE mServal);
 double sv_upstream_epoch(const char *p, long n);
 int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw);

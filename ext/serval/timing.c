@@ -7,6 +7,11 @@
  * figures (queue, wall, GC, and on Ruby 3.2+ the GVL split from the hook) are
  * taken for every request; the thread CPU clock is a system call (~0.6 us
  * measured here), so it is read only when the caller asks (sampled).
+ *
+ * With Active Record loaded (lib/serval/db_pools.rb) a request also reports
+ * pool_wait: time blocked checking out a database connection. The run, idle
+ * and stall time that fell inside those waits is taken out of the three, so
+ * run + idle + stall + pool_wait = wall (3.2+); on 3.1 it comes out of wait.
  */
 #include <math.h>
 #include <stdint.h>
@@ -15,7 +20,7 @@
 #include <ruby.h>
 #include "serval_ruby.h"
 
-#define SV_TM_METRICS 5          /* queue, run, idle, stall, upstream queue */
+#define SV_TM_METRICS 6          /* queue, run, idle, stall, upstream queue, pool_wait */
 #define SV_TM_BUCKETS 13
 #define SV_TM_SLOTS (SV_TM_BUCKETS + 1)
 #define SV_UPSTREAM_MAX 60.0     /* seconds; larger upstream queue times are clamped (skew) */
@@ -24,7 +29,7 @@ static const double bucket_le[SV_TM_BUCKETS] = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 };
 
-enum { TM_QUEUE = 0, TM_RUN, TM_IDLE, TM_STALL, TM_UPSTREAM };
+enum { TM_QUEUE = 0, TM_RUN, TM_IDLE, TM_STALL, TM_UPSTREAM, TM_POOL };
 
 /* Process-wide aggregates: touched only with the GVL held. */
 static uint64_t agg_counts[SV_TM_METRICS][SV_TM_SLOTS];
@@ -115,6 +120,7 @@ void sv_tm_begin(sv_tm *t, double queued_at, VALUE env, int detailed)
     t->queue = q < 0 ? 0 : q;
     t->upstream = NAN;
     t->has_gvl = sv_gvl_counters(t->gvl0);
+    t->has_pool = sv_pool_wait_counters(t->pw0);
     /* every request: the upstream queue histogram (two hash lookups) */
     VALUE h = rb_hash_lookup2(env, k_xrs, Qnil);
     if (NIL_P(h))
@@ -163,6 +169,28 @@ static void add(int metric, double v)
     agg_sums[metric] += v;
 }
 
+/* Pool-wait figure k (0 wall, 1 run, 2 idle, 3 stall) over the request, ns. */
+static uint64_t pw_delta(const sv_tm *t, int k)
+{
+    return t->has_pool && t->pw1[k] > t->pw0[k] ? t->pw1[k] - t->pw0[k] : 0;
+}
+
+/* GVL figure k (0 run, 1 idle, 2 stall) over the request without the part
+ * spent waiting for a database connection, ns. */
+static uint64_t gvl_part(const sv_tm *t, int k)
+{
+    uint64_t d = t->gvl1[k] - t->gvl0[k], p = pw_delta(t, k + 1);
+    return d > p ? d - p : 0;
+}
+
+/* wall - cpu - pool_wait of a request with the CPU clock (3.1), seconds. */
+static double cpu_wait(const sv_tm *t)
+{
+    double w = (double)(t->end_ns - t->start_ns) / 1e9 - (double)(t->cpu1 - t->cpu0) / 1e9
+             - (double)pw_delta(t, 0) / 1e9;
+    return w > 0 ? w : 0;
+}
+
 /* Notes the clocks at the end and adds the request to the histograms. */
 void sv_tm_end(sv_tm *t)
 {
@@ -176,19 +204,22 @@ void sv_tm_end(sv_tm *t)
         t->cpu1 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     if (t->has_gvl)
         t->has_gvl = sv_gvl_counters(t->gvl1);
+    if (t->has_pool)
+        t->has_pool = sv_pool_wait_counters(t->pw1);
     add(TM_QUEUE, t->queue);
     if (!isnan(t->upstream))
         add(TM_UPSTREAM, t->upstream);
+    if (t->has_pool)
+        add(TM_POOL, (double)pw_delta(t, 0) / 1e9);
     if (t->has_gvl) {
-        add(TM_RUN, (double)(t->gvl1[0] - t->gvl0[0]) / 1e9);
-        add(TM_IDLE, (double)(t->gvl1[1] - t->gvl0[1]) / 1e9);
-        add(TM_STALL, (double)(t->gvl1[2] - t->gvl0[2]) / 1e9);
+        add(TM_RUN, (double)gvl_part(t, 0) / 1e9);
+        add(TM_IDLE, (double)gvl_part(t, 1) / 1e9);
+        add(TM_STALL, (double)gvl_part(t, 2) / 1e9);
     } else if (t->has_cpu) {
-        double wall = (double)(t->end_ns - t->start_ns) / 1e9;
         double cpu = (double)(t->cpu1 - t->cpu0) / 1e9;
         agg_cpu += cpu;
         add(TM_RUN, cpu);
-        add(TM_IDLE, wall > cpu ? wall - cpu : 0);
+        add(TM_IDLE, cpu_wait(t));
     }
 }
 
@@ -230,24 +261,31 @@ static VALUE tm_cpu(VALUE self)
 static VALUE tm_gvl(VALUE self, int k)
 {
     sv_tm *t = get(self);
-    return t->finished && t->has_gvl ? NS(t->gvl1[k] - t->gvl0[k]) : Qnil;
+    return t->finished && t->has_gvl ? NS(gvl_part(t, k)) : Qnil;
 }
 static VALUE tm_run(VALUE self) { return tm_gvl(self, 0); }
 static VALUE tm_idle(VALUE self) { return tm_gvl(self, 1); }
 static VALUE tm_stall(VALUE self) { return tm_gvl(self, 2); }
 
-/* wall - run with the hook (idle + stall); else wall - cpu; nil when neither. */
+/* Time blocked checking out a database connection; nil without Active Record. */
+static VALUE tm_pool_wait(VALUE self)
+{
+    sv_tm *t = get(self);
+    return t->finished && t->has_pool ? NS(pw_delta(t, 0)) : Qnil;
+}
+
+/* idle + stall with the hook; else wall - cpu; nil when neither. Either way
+ * without pool_wait. */
 static VALUE tm_wait(VALUE self)
 {
     sv_tm *t = get(self);
     if (!t->finished)
         return Qnil;
     if (t->has_gvl)
-        return NS((t->gvl1[1] - t->gvl0[1]) + (t->gvl1[2] - t->gvl0[2]));
+        return NS(gvl_part(t, 1) + gvl_part(t, 2));
     if (!t->has_cpu)
         return Qnil;
-    double wall = (double)(t->end_ns - t->start_ns) / 1e9, cpu = (double)(t->cpu1 - t->cpu0) / 1e9;
-    return DBL2NUM(wall > cpu ? wall - cpu : 0);
+    return DBL2NUM(cpu_wait(t));
 }
 
 static VALUE tm_gvl_split_p(VALUE self)
@@ -317,6 +355,7 @@ void sv_init_timing(VALUE mServal)
     rb_define_method(cTiming, "idle", tm_idle, 0);
     rb_define_method(cTiming, "stall", tm_stall, 0);
     rb_define_method(cTiming, "wait", tm_wait, 0);
+    rb_define_method(cTiming, "pool_wait", tm_pool_wait, 0);
     rb_define_method(cTiming, "started_ns", tm_started_ns, 0);
     rb_define_method(cTiming, "finished_ns", tm_finished_ns, 0);
     rb_define_method(cTiming, "gvl_split?", tm_gvl_split_p, 0);

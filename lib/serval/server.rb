@@ -52,6 +52,17 @@ module Serval
       self
     end
 
+    # Once the app is loaded (Single#boot, each cluster worker): if the app
+    # defined ActiveRecord, its pools join the stats (db_pools), requests report
+    # pool_wait and a pool smaller than max_threads is warned about. Without
+    # Active Record nothing is loaded.
+    def watch_db_pools
+      return false unless defined?(::ActiveRecord)
+
+      require "serval/db_pools"
+      DbPools.after_boot(@options, @log_writer)
+    end
+
     # Graceful: stop accepting, finish queued and in-flight requests within
     # timeout seconds, finish writing responses, then close everything.
     def stop(timeout = @options[:drain_timeout])
@@ -89,7 +100,17 @@ module Serval
       { backlog: s[:queued], running: pool[:running], pool_capacity: pool[:pool_capacity],
         busy_threads: pool[:busy_threads], max_threads: pool[:max_threads], min_threads: pool[:min_threads],
         requests_count: s[:requests], connections: s[:connections], accepted: s[:accepted],
-        rejected: s[:errors] }.tap { |h| h[:timing] = @handler.timing.stats if @handler.timing }
+        rejected: s[:errors] }.tap do |h|
+        h[:timing] = @handler.timing.stats if @handler.timing
+        pools = db_pools
+        h[:db_pools] = pools if pools
+      end
+    end
+
+    # Active Record's pools ({name:, size:, connections:, busy:, idle:,
+    # waiting:, dead:} each); nil without Active Record.
+    def db_pools
+      DbPools.stats if defined?(DbPools)
     end
 
     private

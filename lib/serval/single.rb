@@ -87,6 +87,7 @@ module Serval
       @server = Server.new(@app, @options, log_writer: @log_writer)
       @binder.listeners.each { |l| @server.listen(l.io, l.tls) }
       @server.run
+      @server.watch_db_pools
       @watcher = Thread.new do
         Thread.current.name = "serval-watcher"
         @server.join

@@ -17,12 +17,15 @@ module Serval
   #   run             held the GVL (Ruby 3.2+; nil on 3.1)
   #   idle            without the GVL and not asking for it: I/O, sleep (3.2+)
   #   stall           waiting for the GVL (3.2+)
-  #   wait            idle + stall (3.2+); on 3.1 wall - cpu when cpu was
-  #                   sampled, where I/O and stall cannot be told apart
+  #   wait            idle + stall (3.2+); on 3.1 wall - cpu - pool_wait when
+  #                   cpu was sampled, where I/O and stall cannot be told apart
+  #   pool_wait       blocked checking out an Active Record connection, on
+  #                   every Ruby; nil without Active Record. Not part of run,
+  #                   idle, stall or wait: run + idle + stall + pool_wait = wall
   class Timing
     def to_h
       { queue: queue, upstream_queue: upstream_queue, wall: wall, cpu: cpu, gc: gc,
-        run: run, idle: idle, stall: stall, wait: wait }
+        run: run, idle: idle, stall: stall, wait: wait, pool_wait: pool_wait }
     end
 
     # The access-log fields, in milliseconds; upstream= only with a proxy's stamp.
@@ -34,7 +37,9 @@ module Serval
                else
                  format("queue=%.2f wall=%.2f", queue * 1e3, (wall || 0) * 1e3)
                end
-      upstream_queue ? format("%s upstream=%.2f", fields, upstream_queue * 1e3) : fields
+      fields = format("%s upstream=%.2f", fields, upstream_queue * 1e3) if upstream_queue
+      waited = pool_wait
+      waited ? format("%s pool_wait=%.2f", fields, waited * 1e3) : fields
     end
 
     # X-Request-Start / X-Queue-Start as proxies send them: "t=" or not, in

@@ -53,6 +53,7 @@ module Serval
         @server = Server.new(app, @options.merge(balance: true), log_writer: @log_writer)
         @binder.listeners.each { |l| @server.listen(l.io, l.tls) }
         @server.run
+        @server.watch_db_pools
       end
 
       def supervise

@@ -19,8 +19,12 @@ module Serval
                           "(Ruby < 3.2: wall - CPU of sampled requests, I/O and GVL stall together)",
         "stall_seconds" => "Time a request waited for the GVL (absent on Ruby < 3.2)",
         "request_upstream_queue_seconds" => "Time from the proxy's X-Request-Start / X-Queue-Start stamp " \
-                                            "to the app call (requests with the header)"
+                                            "to the app call (requests with the header)",
+        # the C histograms' order; this one only with Active Record (Native::PoolWait enabled)
+        "request_pool_wait_seconds" => "Time a request was blocked checking out an Active Record database " \
+                                       "connection (not counted in run, idle or stall)"
       }.freeze
+      POOL_WAIT = "request_pool_wait_seconds"
       MIN_WINDOW = 1.0 # seconds; a read sooner than this reuses the last gauge values
 
       attr_reader :sample_rate
@@ -65,7 +69,10 @@ module Serval
         counts, sums, cpu_total, bounds = Timing.aggregate
         slots = bounds.size + 1
         out = {}
+        pool_wait = Native::PoolWait.enabled?
         METRICS.each_with_index do |(name, help), m|
+          next if name == POOL_WAIT && !pool_wait
+
           out[name] = histogram(help, counts[m * slots, slots], sums[m], bounds)
         end
         utilization, waiting = gauges(cpu_total)
