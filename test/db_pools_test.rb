@@ -207,7 +207,7 @@ class DbPoolsTest < Minitest::Test
     assert_includes text, %(serval_db_pool_busy{pool="primary"} 2\n)
     assert_includes text, %(serval_db_pool_dead{pool="animals role=reading"} 0\n)
     refute_includes text, %(serval_db_pool_size{pool="animals role=reading"}), "no limit: no size sample"
-    worker = { index: 1, pid: 77, booted: true, last_status: { db_pools: JSON.parse(JSON.generate(pools)) } }
+    worker = { index: 1, pid: 77, booted: true, last_status: { db_pools: JSON.parse(JSON.generate(pools), symbolize_names: true) } } # as WorkerHandle parses check-ins
     text = Serval::Prometheus.render({ workers: 1, worker_status: [worker] }, process: {})
     assert_includes text, %(serval_db_pool_idle{worker="1",pid="77",pool="primary"} 1\n)
     check_with_promtool(text)

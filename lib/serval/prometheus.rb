@@ -52,16 +52,6 @@ module Serval
       last_checkin_age: ["serval_worker_last_checkin_age_seconds", :gauge, "Seconds since the worker last checked in"]
     }.freeze
 
-    # Active Record pool figures (stats[:db_pools] entries), labelled pool="NAME".
-    DB_POOL = {
-      size: ["serval_db_pool_size", "Connections the Active Record pool may hold (its size)"],
-      connections: ["serval_db_pool_connections", "Connections the Active Record pool holds now"],
-      busy: ["serval_db_pool_busy", "Connections checked out by live threads"],
-      idle: ["serval_db_pool_idle", "Connections in the pool not checked out"],
-      waiting: ["serval_db_pool_waiting", "Threads blocked waiting for a connection"],
-      dead: ["serval_db_pool_dead", "Connections checked out by threads that have died"]
-    }.freeze
-
     Family = Struct.new(:name, :type, :help, :samples)
 
     module_function
@@ -92,21 +82,6 @@ module Serval
         add(families, name, type, help, labels, value)
       end
       (stats[:timing] || {}).each { |key, entry| add_timing(families, key, entry, labels) }
-      add_db_pools(families, stats[:db_pools], labels) if stats[:db_pools].is_a?(Array)
-    end
-
-    # One gauge per figure and pool; a figure that is nil (8.1's unlimited
-    # size) is left out.
-    def add_db_pools(families, pools, labels)
-      pools.each do |pool|
-        next unless pool.is_a?(Hash)
-
-        pool_labels = labels.merge(pool: pool[:name] || pool["name"])
-        DB_POOL.each do |key, (name, help)|
-          value = pool.key?(key) ? pool[key] : pool[key.to_s]
-          add(families, name, :gauge, help, pool_labels, value) if value.is_a?(Numeric)
-        end
-      end
     end
 
     def add_list(families, key, entries, labels)
