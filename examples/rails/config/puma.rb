@@ -41,8 +41,8 @@ pidfile ENV["PIDFILE"] if ENV["PIDFILE"]
 # --- Added for Serval (docs/rails.md). Puma reads the lines above and these
 # unchanged; `serval -C config/puma.rb` and `bin/rails server -u serval` too.
 
-# Uploads up to 256 MiB. Puma sets no limit by default; Serval's default
-# max_body is 100 MiB, so the 150 MB Active Storage upload needs this.
+# Uploads up to 256 MiB (the 150 MB Active Storage upload in CI), stated
+# here rather than left to the server's default body limit.
 http_content_length_limit 256 * 1024 * 1024
 
 # Prometheus metrics, including the Active Record pool figures
