@@ -90,6 +90,22 @@ module RailsIntegration
       raise "#{@name}: no line matching #{pattern.inspect} within #{timeout}s (exited: #{exited?})\n#{logs}"
     end
 
+    # Waits (bounded) until at least count lines match; returns them all.
+    def wait_for_lines(pattern, count, timeout: 15)
+      deadline = now + timeout
+      @mutex.synchronize do
+        loop do
+          found = @lines.grep(pattern)
+          return found if found.size >= count || @eof >= 2
+
+          left = deadline - now
+          return found if left <= 0
+
+          @cond.wait(@mutex, [left, 0.5].min)
+        end
+      end
+    end
+
     def lines_matching(pattern)
       @mutex.synchronize { @lines.grep(pattern) }
     end
