@@ -60,8 +60,10 @@ class CLITest < Minitest::Test
     server = spawn_server(["-b", "tcp://127.0.0.1:0", "-t", "1:3", "-e", "test"]).boot
     out = server.stdout
     assert_match(/\AServal #{Regexp.escape(Serval::VERSION)} \(ruby #{Regexp.escape(RUBY_VERSION)}-p\d+\) starting in single mode$/, out)
-    assert_includes out, "* Environment: test\n"
-    assert_includes out, "* Threads: 1..3\n"
+    assert_includes out, "* Environment: test (flag -e)\n"
+    assert_includes out, "* Threads: 1..3 (flag -t)\n"
+    assert_includes out, "* Workers: 0 (default)\n"
+    assert_includes out, "* Binds: tcp://127.0.0.1:0 (flag -b)\n"
     assert_includes out, "* Listening on http://127.0.0.1:#{server.port}\n"
     server.wait_for(/Use Ctrl-C to stop/)
 
@@ -143,11 +145,67 @@ class CLITest < Minitest::Test
   def test_config_file_with_unsupported_options_warns_and_boots
     files = {
       "config.ru" => Serval::SubprocessServer::HELLO,
-      "config/serval.rb" => "workers 2\nplugin :tmp_restart\nbind 'tcp://127.0.0.1:0'\n"
+      "config/serval.rb" => "workers 2\nplugin :tmp_restart\nplugin :solid_queue\nfork_worker\nbind 'tcp://127.0.0.1:0'\n"
     }
     server = spawn_server([], files: files).boot
-    assert_includes server.stderr, "serval: config option `plugin` is not supported yet and is ignored"
+    assert_includes server.stderr, "serval: plugin `solid_queue` is not supported and is ignored"
+    assert_includes server.stderr, "serval: config option `fork_worker` is not supported yet and is ignored"
+    refute_includes server.stderr, "plugin `tmp_restart`"
     assert_match(%r{\AHTTP/1\.1 200 }, raw_request(server.port, GET))
+    assert_equal 0, server.stop.exitstatus
+  end
+
+  # Variables a test runner might have set are cleared for these tests.
+  NO_ENV = %w[WEB_CONCURRENCY RAILS_MAX_THREADS RAILS_MIN_THREADS PUMA_MAX_THREADS PUMA_MIN_THREADS MAX_THREADS
+              MIN_THREADS APP_ENV RACK_ENV RAILS_ENV].to_h { |k| [k, nil] }.freeze
+
+  # Puma starts WEB_CONCURRENCY workers when the configuration sets none.
+  def test_web_concurrency_starts_cluster_mode
+    server = spawn_server(["-b", "tcp://127.0.0.1:0"], env: NO_ENV.merge("WEB_CONCURRENCY" => "2")).boot
+    assert_includes server.stdout, "starting in cluster mode\n"
+    assert_includes server.stdout, "* Workers: 2 (env WEB_CONCURRENCY), preload: true\n"
+    server.wait_for(/Worker 1 \(PID: \d+\) booted/)
+    server.wait_for(/Worker 0 \(PID: \d+\) booted/)
+    assert_match(%r{\AHTTP/1\.1 200 }, raw_request(server.port, GET))
+    assert_equal 0, server.stop.exitstatus
+  end
+
+  def test_bad_web_concurrency_fails_naming_it
+    status, _, err = run_cli(["-b", "tcp://127.0.0.1:0"], env: NO_ENV.merge("WEB_CONCURRENCY" => "abc"))
+    assert_equal 1, status.exitstatus
+    assert_equal %(serval: WEB_CONCURRENCY: expected a number of workers or auto, got "abc"\n), err
+  end
+
+  # Without config/serval.rb, config/puma.rb is read (as puma and Puma's Rack
+  # handler do); it beats the environment, flags beat it.
+  def test_config_puma_rb_is_read_and_sources_are_printed
+    files = { "config.ru" => Serval::SubprocessServer::HELLO,
+              "config/puma.rb" => %(threads 3, 3\nworkers ENV.fetch("W", 0)\nbind "tcp://127.0.0.1:0"\n) }
+    env = NO_ENV.merge("RAILS_MAX_THREADS" => "9", "RAILS_MIN_THREADS" => "9", "RAILS_ENV" => "staging")
+    server = spawn_server([], files: files, env: env).boot
+    out = server.stdout
+    assert_includes out, "* Environment: staging (env RAILS_ENV)\n"
+    assert_includes out, "* Threads: 3..3 (config file config/puma.rb)\n"
+    assert_includes out, "* Workers: 0 (config file config/puma.rb)\n"
+    assert_includes out, "* Binds: tcp://127.0.0.1:0 (config file config/puma.rb)\n"
+    assert_equal 0, server.stop.exitstatus
+
+    server = spawn_server(["-t", "2:4", "-p", "0"], files: files, env: env).start
+    server.wait_for(/Use Ctrl-C/)
+    assert_includes server.stdout, "* Threads: 2..4 (flag -t)\n"
+    assert_includes server.stdout, "* Binds: tcp://0.0.0.0:0 (flag -p)\n"
+    assert_equal 0, server.stop.exitstatus
+  end
+
+  # stdout is a pipe here: a line the app prints while serving (no flush of
+  # its own) must arrive while the server runs, not when it exits.
+  def test_app_output_reaches_a_pipe_at_once
+    app = %(run ->(env) { puts "app says hi"; [200, { "content-type" => "text/plain" }, ["ok"]] }\n)
+    server = spawn_server(["-b", "tcp://127.0.0.1:0"], files: { "config.ru" => app }).boot
+    server.wait_for(/Use Ctrl-C/)
+    assert_match(%r{\AHTTP/1\.1 200 }, raw_request(server.port, GET))
+    server.wait_for(/^app says hi$/, timeout: 5)
+    refute server.exited?
     assert_equal 0, server.stop.exitstatus
   end
 end

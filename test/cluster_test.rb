@@ -114,7 +114,10 @@ class ClusterTest < Minitest::Test
     assert_kind_of Integer, status[:pid]
     assert_equal 5, status[:last_status][:max_threads]
     assert_includes status[:last_status].keys, :requests_count
-    assert_includes launcher.thread_backtraces.keys.join, "(run)"
+    traces = launcher.thread_backtraces
+    assert_includes traces[:master][:threads].keys.join, "(run)"
+    assert_equal stats[:worker_status].map { |w| w[:pid] }, traces[:workers].map { |w| w[:pid] }
+    traces[:workers].each { |w| refute_empty w[:threads], "worker #{w[:index]} answered with its threads" }
     launcher.stop
     assert_equal 0, thread.value
   end

@@ -16,12 +16,14 @@ class ConfigurationTest < Minitest::Test
     FileUtils.rm_rf(@dir)
   end
 
-  def load_config(source = nil, cli: {}, file: nil)
+  # env: the environment variables the configuration reads (none by default,
+  # so the runner's own WEB_CONCURRENCY etc. cannot leak in).
+  def load_config(source = nil, cli: {}, file: nil, env: {}, **kw)
     if source
       file = File.join(@dir, "serval.rb")
       File.write(file, source)
     end
-    Serval::Configuration.load(cli: cli, config_file: file || "-", warn: ->(m) { @warnings << m })
+    Serval::Configuration.load(cli: cli, config_file: file || "-", warn: ->(m) { @warnings << m }, env: env, **kw)
   end
 
   def assert_config_error(pattern, source = nil, **kw)
@@ -44,7 +46,7 @@ class ConfigurationTest < Minitest::Test
     assert defaults[:binds].frozen?
     assert_equal ["tcp://0.0.0.0:9292"], defaults[:binds]
     assert_equal [0, 5], defaults.values_at(:min_threads, :max_threads)
-    assert_equal 104_857_600, defaults[:max_body]
+    assert_nil defaults[:max_body] # no limit, as Puma
     assert_equal Serval::Configuration::RULES.keys.sort, defaults.keys.sort
     options = load_config
     assert options.frozen?
@@ -117,11 +119,27 @@ class ConfigurationTest < Minitest::Test
       worker_timeout 60
     RUBY
     assert_equal Serval::Configuration::DEFAULTS[:binds], options[:binds]
-    %w[plugin fork_worker].each do |name|
-      assert_includes @warnings, "serval: config option `#{name}` is not supported yet and is ignored"
-    end
-    assert_equal 2, @warnings.size # cluster options and ssl_bind are supported
+    assert_equal ["serval: config option `fork_worker` is not supported yet and is ignored"], @warnings
     assert_equal [2, true, 60.0, 1], options.values_at(:workers, :preload_app, :worker_timeout).push(options[:before_worker_boot].size)
+    assert_equal ["tmp_restart"], options[:plugins]
+  end
+
+  # tmp_restart runs; systemd's job is built in (no warning); any other
+  # plugin is named in its warning.
+  def test_plugins
+    options = load_config(%(plugin :tmp_restart\nplugin "tmp_restart"\nplugin :systemd\nplugin :solid_queue\n))
+    assert_equal ["tmp_restart"], options[:plugins]
+    assert_match(/config file .*serval\.rb/, options[:sources][:plugins])
+    assert_equal ["serval: plugin `solid_queue` is not supported and is ignored " \
+                  "(Serval runs: tmp_restart; systemd notification is built in)"], @warnings
+    assert_equal [], load_config[:plugins]
+    assert_config_error(/plugins: unknown plugin nope/, cli: { plugins: ["nope"] })
+  end
+
+  def test_stdout_sync_is_on_unless_turned_off
+    assert load_config[:stdout_sync]
+    refute load_config("mutate_stdout_and_stderr_to_sync_on_write false")[:stdout_sync]
+    refute load_config("stdout_sync false")[:stdout_sync]
   end
 
   def test_rails_config_loads_with_warnings_only
@@ -130,7 +148,9 @@ class ConfigurationTest < Minitest::Test
       assert_equal [3, 3], options.values_at(:min_threads, :max_threads)
       assert_equal ["tcp://0.0.0.0:3000"], options[:binds]
       assert_nil options[:pidfile]
-      assert_equal 2, @warnings.count { |w| w.include?("`plugin`") }
+      assert_equal ["tmp_restart"], options[:plugins]
+      assert_equal 1, @warnings.size
+      assert_includes @warnings.first, "plugin `solid_queue` is not supported"
     end
   end
 
@@ -141,7 +161,7 @@ class ConfigurationTest < Minitest::Test
       assert_equal [7, 7], options.values_at(:min_threads, :max_threads)
       assert_equal ["tcp://0.0.0.0:4567"], options[:binds]
       assert_equal "tmp/pids/server.pid", options[:pidfile]
-      assert_equal ["serval: config option `plugin` is not supported yet and is ignored"], @warnings
+      assert_empty @warnings
     end
   end
 
@@ -151,7 +171,8 @@ class ConfigurationTest < Minitest::Test
       assert_equal [5, 5], options.values_at(:min_threads, :max_threads)
       assert_equal "development", options[:environment]
       assert_equal "tmp/pids/server.pid", options[:pidfile]
-      assert_equal(%w[plugin], @warnings.map { |w| w[/`(\w+)`/, 1] })
+      assert_equal ["tmp_restart"], options[:plugins]
+      assert_empty @warnings
     end
   end
 
@@ -181,9 +202,28 @@ class ConfigurationTest < Minitest::Test
       FileUtils.mkdir_p("config/serval")
       File.write("config/serval.rb", "max_body 1")
       File.write("config/serval/staging.rb", "max_body 2")
-      config = Serval::Configuration.new(cli: { environment: "staging" }, warn: ->(_) {})
+      config = Serval::Configuration.new(cli: { environment: "staging" }, warn: ->(_) {}, env: {})
       assert_equal 2, config.options[:max_body]
-      assert_equal 1, Serval::Configuration.load(cli: { environment: "test" })[:max_body]
+      assert_equal 1, Serval::Configuration.load(cli: { environment: "test" }, env: {})[:max_body]
+    end
+  end
+
+  # Without Serval's own files, Puma's are read (config/puma/<env>.rb first),
+  # the environment coming from the command line or else RAILS_ENV & co.
+  def test_puma_config_files_are_the_fallback
+    Dir.chdir(@dir) do
+      FileUtils.mkdir_p("config/puma")
+      File.write("config/puma.rb", "max_body 3")
+      File.write("config/puma/production.rb", "max_body 4")
+      load = ->(**kw) { Serval::Configuration.new(warn: ->(_) {}, **kw) }
+      assert_equal [3, "config/puma.rb"], [load.call(env: {}).options[:max_body], load.call(env: {}).config_file]
+      production = load.call(env: { "RAILS_ENV" => "production" })
+      assert_equal [4, "config/puma/production.rb"], [production.options[:max_body], production.config_file]
+      assert_equal "config file config/puma/production.rb", production.options[:sources][:max_body]
+      assert_equal 4, load.call(cli: { environment: "production" }, env: {}).options[:max_body]
+      File.write("config/serval.rb", "max_body 1")
+      assert_equal 1, load.call(env: { "RAILS_ENV" => "production" }).options[:max_body]
+      assert_equal 30.0, load.call(config_file: "-", env: {}).options[:read_timeout]
     end
   end
   # Puma's ssl_bind becomes an ssl:// bind with the same certificate options.

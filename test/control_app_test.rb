@@ -43,18 +43,19 @@ class ControlAppTest < Minitest::Test
     def wait_until_booted(_timeout)
       true
     end
-  end
 
-  FakeTrace = Struct.new(:seen) do
-    def record(seconds)
-      self.seen = seconds
-      { seconds: seconds, threads: [] }
+    attr_reader :traced
+
+    # JSON text, as Serval::Launcher#gvl_trace returns it
+    def gvl_trace(seconds)
+      @traced = seconds
+      JSON.generate(traceEvents: [{ name: "x", ph: "B", pid: 1, tid: 2, ts: 0.5 }], otherData: { seconds: seconds })
     end
   end
 
   def setup
     @launcher = FakeLauncher.new
-    @app = Rack::Lint.new(Serval::ControlApp.new(@launcher, token: TOKEN, gvl_trace: false))
+    @app = Rack::Lint.new(Serval::ControlApp.new(@launcher, token: TOKEN))
   end
 
   def get(path, query = "token=#{TOKEN}", app: @app, method: "GET")
@@ -120,19 +121,57 @@ class ControlAppTest < Minitest::Test
   end
 
   def test_gvl_trace
-    status, _, json = get("/gvl-trace")
+    status, _, json = get("/gvl-trace", "token=#{TOKEN}&seconds=0.25")
+    assert_equal 200, status
+    assert_in_delta 0.25, @launcher.traced
+    assert_equal({ "traceEvents" => [{ "name" => "x", "ph" => "B", "pid" => 1, "tid" => 2, "ts" => 0.5 }],
+                   "otherData" => { "seconds" => 0.25 } }, json)
+    assert_equal 400, get("/gvl-trace", "token=#{TOKEN}&seconds=-1").first
+    assert_equal 400, get("/gvl-trace", "token=#{TOKEN}&seconds=abc").first
+    assert_equal 400, get("/gvl-trace", "token=#{TOKEN}&seconds=61").first
+
+    old_ruby = FakeLauncher.new
+    old_ruby.define_singleton_method(:gvl_trace) { |_s| raise NotImplementedError, "GVL tracing needs Ruby 3.2+" }
+    status, _, json = get("/gvl-trace", app: Serval::ControlApp.new(old_ruby, token: TOKEN))
+    assert_equal [501, "GVL tracing needs Ruby 3.2+"], [status, json["error"]]
+    bare = Object.new
+    def bare.stats = {}
+    status, _, json = get("/gvl-trace", app: Serval::ControlApp.new(bare, token: TOKEN))
     assert_equal 501, status
     assert_match(/not available/, json["error"])
+  end
 
-    trace = FakeTrace.new
-    app = Serval::ControlApp.new(@launcher, token: TOKEN, gvl_trace: trace)
-    status, _, json = get("/gvl-trace", "token=#{TOKEN}&seconds=0.25", app: app)
-    assert_equal 200, status
-    assert_in_delta 0.25, trace.seen
-    assert_equal({ "seconds" => 0.25, "threads" => [] }, json)
-    assert_equal 400, get("/gvl-trace", "token=#{TOKEN}&seconds=-1", app: app).first
-    assert_equal 400, get("/gvl-trace", "token=#{TOKEN}&seconds=abc", app: app).first
-    assert_equal 400, get("/gvl-trace", "token=#{TOKEN}&seconds=61", app: app).first
+  # The real thing in single mode: the body is the trace object, encoded once.
+  def test_single_mode_gvl_trace_body_is_the_trace_object
+    Dir.mktmpdir do |dir|
+      options = Serval::Configuration.finish(Serval::Configuration::DEFAULTS.merge(
+        binds: ["tcp://127.0.0.1:0"], control_url: "unix://#{dir}/ctl.sock", control_auth_token: TOKEN
+      ))
+      out = Serval::WatchedIO.new
+      app = ->(_env) { [200, { "content-type" => "text/plain" }, ["hi"]] }
+      launcher = Serval::Launcher.new(options, log_writer: Serval::LogWriter.new(stdout: out, stderr: StringIO.new),
+                                               app: app, signals: false)
+      thread = Thread.new { launcher.run }
+      begin
+        out.wait_for("* Control app on")
+        head, body = unix_get("/gvl-trace?token=#{TOKEN}&seconds=0.2", "#{dir}/ctl.sock").split("\r\n\r\n", 2)
+        if Serval::Native::GVL.supported?
+          assert_match(%r{\AHTTP/1\.1 200 }, head)
+          trace = JSON.parse(body)
+          assert_kind_of Hash, trace, "one JSON.parse gives the trace object, not a string"
+          assert_kind_of Array, trace["traceEvents"]
+          refute_empty trace["traceEvents"]
+          assert(trace["traceEvents"].all? { |e| e["pid"] == Process.pid })
+          assert_equal 0, trace["otherData"]["dropped_events"]
+        else
+          assert_match(%r{\AHTTP/1\.1 501 }, head)
+          assert_match(/needs Ruby 3\.2/, JSON.parse(body)["error"])
+        end
+      ensure
+        launcher.stop
+        assert_equal 0, thread.join(10)&.value
+      end
+    end
   end
 
   def test_non_finite_floats_become_strings
@@ -216,6 +255,16 @@ class ControlAppTest < Minitest::Test
       json = JSON.parse(response.split("\r\n\r\n", 2).last)
       assert_equal 5, json["max_threads"]
       assert json.key?("started_at")
+      # single mode reports every figure of Server#stats, as a cluster worker does
+      assert_equal ["started_at", *launcher.server.stats.keys.map(&:to_s)].sort, json.keys.sort
+      %w[connections accepted rejected min_threads].each { |key| assert_kind_of Integer, json[key], key }
+      assert_equal "histogram", json.dig("timing", "queue_seconds", "type")
+      assert json["timing"].key?("gvl_utilization")
+      # the histograms count the application's requests, not the control app's
+      port = launcher.urls.first[/:(\d+)\z/, 1].to_i
+      assert_match(%r{\AHTTP/1\.1 200 }, raw_request(port, "GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"))
+      json = JSON.parse(unix_get("/stats?token=#{TOKEN}", "#{dir}/ctl.sock").split("\r\n\r\n", 2).last)
+      assert_equal [1, 1], [json["requests_count"], json.dig("timing", "queue_seconds", "count")]
       assert_match(/"stop"/, unix_get("/stop?token=#{TOKEN}", "#{dir}/ctl.sock"))
       assert_equal 0, thread.join(10)&.value
       refute File.exist?("#{dir}/ctl.sock")

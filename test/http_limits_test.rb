@@ -200,6 +200,45 @@ class HTTPLimitsTest < Minitest::Test
     end
   end
 
+  # The default has no limit, as Puma (docs/configuration.md "Request bodies"):
+  # a 120 MB upload, over the old 100 MB default, reaches the app. It is
+  # streamed from one reused 1 MiB buffer and the app counts it in 1 MiB reads,
+  # so neither side builds it in memory; the server spills it to tmpdir.
+  def test_body_over_the_old_100_mb_default_is_accepted_by_default
+    assert_nil Serval::Configuration::DEFAULTS[:max_body]
+    size = 120 << 20
+    seen = Queue.new
+    app = lambda do |env|
+      input = env["rack.input"]
+      buf = +""
+      total = 0
+      total += buf.bytesize while input.read(1 << 20, buf)
+      seen << total
+      [200, { "content-type" => "text/plain" }, ["got #{total}"]]
+    end
+    with_limits_server(app: app) do |_server, port|
+      client = Client.new(port).write("POST /upload HTTP/1.1\r\n#{H}Content-Length: #{size}\r\n\r\n")
+      block = "u".b * (1 << 20)
+      120.times { client.write(block) }
+      resp = client.read_response(timeout: 30)
+      assert_equal "HTTP/1.1 200 OK", resp.status_line
+      assert_equal "got #{size}", resp.body
+      assert_equal size, seen.pop
+      client.close
+    end
+  end
+
+  def test_explicit_max_body_still_answers_413_and_logs_it
+    require "support/watched_io"
+    err = Serval::WatchedIO.new
+    log = Serval::LogWriter.new(stdout: StringIO.new, stderr: err)
+    with_limits_server(max_body: 1000, log_writer: log) do |_server, port|
+      client = Client.new(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 1001\r\n\r\n")
+      assert_answered_and_closed(client, port, "HTTP/1.1 413 Content Too Large")
+      err.wait_for(/serval: error response 413 Content Too Large peer=127\.0\.0\.1 reason="request body too large"/)
+    end
+  end
+
   # ---- 408 and idle timeouts ----------------------------------------------
 
   def test_408_stalled_partial_head

@@ -83,6 +83,21 @@ class PrometheusTest < Minitest::Test
     assert_includes text, %(serval_queue_seconds_bucket{le="0.5"} 1\nserval_queue_seconds_bucket{le="+Inf"} 2\n)
   end
 
+  POOLS = [{ name: "primary", size: 5, connections: 3, busy: 2, idle: 1, waiting: 0, dead: 0 },
+           { name: "animals", size: 2, connections: 0, busy: 0, idle: 0, waiting: 1, dead: 0 }].freeze
+
+  def test_db_pools_are_labelled_by_pool_and_worker
+    text = render(SINGLE.merge(db_pools: POOLS))
+    assert_includes text, "# TYPE serval_db_pool_size gauge\nserval_db_pool_size{pool=\"primary\"} 5\n" \
+                          "serval_db_pool_size{pool=\"animals\"} 2\n"
+    %w[connections busy idle waiting dead].each { |f| assert_match(/^serval_db_pool_#{f}\{pool="primary"\} \d+$/, text) }
+    stats = cluster
+    stats[:worker_status][1][:last_status] = stats[:worker_status][1][:last_status].merge(db_pools: POOLS)
+    text = render(stats)
+    assert_includes text, %(serval_db_pool_waiting{worker="1",pid="102",pool="animals"} 1\n)
+    check_with_promtool(text)
+  end
+
   def test_escaping
     assert_equal 'a\\\\b\\"c\\nd', Serval::Prometheus.escape_label("a\\b\"c\nd")
     assert_equal "x\\\\y\\nz", Serval::Prometheus.escape_help("x\\y\nz")
@@ -131,6 +146,13 @@ class PrometheusTest < Minitest::Test
       assert_match(%r{\AHTTP/1\.1 200 }, head)
       assert_match(%r{content-type: text/plain; version=0\.0\.4}i, head)
       assert_match(/^serval_requests_total 1$/, body)
+      # single mode: the same families as a cluster worker, without labels
+      assert_match(/^serval_connections \d+$/, body)
+      assert_match(/^serval_requests_rejected_total 0$/, body)
+      assert_includes body, "# TYPE serval_queue_seconds histogram\n"
+      assert_match(/^serval_queue_seconds_bucket\{le="\+Inf"\} 1$/, body)
+      assert_match(/^serval_queue_seconds_count 1$/, body)
+      assert_match(/^serval_gvl_utilization \S+$/, body)
       out_text, status = Open3.capture2e(tool, "check", "metrics", stdin_data: body)
       assert status.success?, "promtool: #{out_text}\n#{body}"
       assert_empty out_text.strip

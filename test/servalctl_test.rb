@@ -3,6 +3,7 @@
 require_relative "test_helper"
 require "json"
 require "support/subprocess_server"
+require "serval/serval_ext"
 
 # Subprocess tier: a real exe/serval with a control app on a unix socket in
 # its temp dir, driven by a real exe/servalctl.
@@ -50,7 +51,10 @@ class ServalctlTest < Minitest::Test
     assert_equal 0, stats.status, stats.err
     json = JSON.parse(stats.out)
     assert_equal 2, json["max_threads"]
-    assert_equal %w[backlog busy_threads max_threads pool_capacity requests_count running started_at], json.keys.sort
+    expected = %w[accepted backlog busy_threads connections max_threads min_threads pool_capacity rejected
+                  requests_count running started_at timing]
+    assert_empty expected - json.keys, "single-mode stats carry every Server#stats figure"
+    assert_equal "histogram", json.dig("timing", "queue_seconds", "type")
 
     status = ctl(*url, "status")
     assert_equal 0, status.status
@@ -63,11 +67,42 @@ class ServalctlTest < Minitest::Test
     gc = ctl(*url, "gc-stats")
     assert_kind_of Integer, JSON.parse(gc.out)["count"]
 
+    check_gvl_trace(url, server, [server.pid])
+
     stop = ctl(*url, "stop")
     assert_equal [0, "stop: sent\n"], [stop.status, stop.out]
     status = server.wait(10)
     assert status&.success?, "server did not exit 0 after servalctl stop\n#{server.logs}"
     assert_includes server.stdout, "- Goodbye!"
+  end
+
+  # gvl-trace prints the trace itself (one JSON object), or writes it with -o.
+  def check_gvl_trace(url, server, pids)
+    trace = ctl(*url, "gvl-trace", "--seconds", "0.2")
+    unless Serval::Native::GVL.supported?
+      assert_equal 1, trace.status
+      return assert_match(/gvl-trace failed: 501 GVL tracing needs Ruby 3\.2/, trace.err)
+    end
+
+    assert_equal 0, trace.status, trace.err
+    json = JSON.parse(trace.out)
+    assert_kind_of Hash, json, "stdout is the trace object, not a JSON string"
+    assert_equal pids.sort, json["traceEvents"].map { |e| e["pid"] }.uniq.sort
+    saved = ctl(*url, "gvl-trace", "--seconds", "0.2", "-o", File.join(server.dir, "trace.json"))
+    assert_equal 0, saved.status, saved.err
+    assert_match(/\Agvl-trace: wrote \S+trace\.json \(\d+ events\)\n\z/, saved.out)
+    assert_kind_of Array, JSON.parse(File.read(File.join(server.dir, "trace.json")))["traceEvents"]
+  end
+
+  def test_cluster_mode_backtraces_and_trace_come_from_the_workers
+    server = boot("-w", "2", "--control-url", "unix://ctl.sock", "--control-token", TOKEN)
+    pids = 2.times.map { |i| server.wait_for(/Worker #{i} \(PID: (\d+)\)/)[1].to_i }
+    url = ["--control-url", sock(server), "--control-token", TOKEN]
+    traces = ctl(*url, "thread-backtraces")
+    assert_equal 0, traces.status, traces.err
+    assert_match(/^master \(pid #{server.pid}\):\n  \S/, traces.out)
+    pids.each_with_index { |pid, i| assert_match(/^worker #{i} \(pid #{pid}\):\n  \S.*:\n      \S/, traces.out) }
+    check_gvl_trace(url, server, pids)
   end
 
   def test_state_file_with_generated_token_then_halt

@@ -1,5 +1,6 @@
 /* Serval::Native::Core - the Ruby face of the I/O core. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -99,7 +100,9 @@ static void read_options(sv_options *o, VALUE opts)
     o->lim.max_headers = (size_t)opt_num(opts, "max_headers", 128, 1);
     if (o->lim.max_headers > SV_HEADERS_CAP)
         rb_raise(rb_eArgError, "max_headers must be <= %d", SV_HEADERS_CAP);
-    o->max_body = (uint64_t)opt_num(opts, "max_body", 104857600.0, 0);
+    /* nil or absent: no limit (bodies past body_spill go to disk either way) */
+    VALUE max_body = rb_hash_lookup2(opts, ID2SYM(rb_intern("max_body")), Qnil);
+    o->max_body = NIL_P(max_body) ? UINT64_MAX : (uint64_t)opt_num(opts, "max_body", 0, 0);
     o->body_spill = (size_t)opt_num(opts, "body_spill", 262144, 0);
     o->max_chunk_ext = (size_t)opt_num(opts, "max_chunk_ext", 1024, 0);
     o->first_data_timeout = opt_num(opts, "first_data_timeout", 30, 0.001);
@@ -159,8 +162,14 @@ static VALUE core_listen(int argc, VALUE *argv, VALUE self)
     const char *n = StringValueCStr(name);
     if (strlen(n) >= sizeof(l->name))
         rb_raise(rb_eArgError, "server name too long");
+    /* The loop accepts in batches until EAGAIN: a blocking listener (a
+     * systemd socket is one) would stop the loop in accept4. */
+    int lfd = NUM2INT(fd);
+    int fl = fcntl(lfd, F_GETFL);
+    if (fl < 0 || (!(fl & O_NONBLOCK) && fcntl(lfd, F_SETFL, fl | O_NONBLOCK) < 0))
+        rb_sys_fail("serval listener: O_NONBLOCK");
     l->kind = SV_KIND_LISTENER;
-    l->fd = NUM2INT(fd);
+    l->fd = lfd;
     l->port = NUM2INT(port);
     strcpy(l->name, n);
     l->tls_ctx = NIL_P(tls) ? NULL : sv_tls_ctx_get(tls);
@@ -335,6 +344,72 @@ static VALUE core_waiting(VALUE self)
     return INT2NUM(sv_core_get(self)->waiting);
 }
 
+/* ---- error events (errlog.c) -------------------------------------------- */
+
+#define SV_ERRLOG_BATCH 64
+
+typedef struct {
+    sv_errlog *log;
+    double deadline;
+    sv_err_event ev[SV_ERRLOG_BATCH];
+    size_t n;
+    unsigned long dropped;
+} errlog_args;
+
+static void *errlog_take_nogvl(void *p)
+{
+    errlog_args *a = p;
+    a->n = sv_errlog_take(a->log, a->ev, SV_ERRLOG_BATCH, &a->dropped, a->deadline);
+    return NULL;
+}
+
+static void errlog_ubf(void *p)
+{
+    sv_errlog_wake(((errlog_args *)p)->log);
+}
+
+/* error_events(timeout) -> [[[status, reason, detail, peer], ...], dropped]
+ * Waits without the GVL up to timeout seconds (or until #wake_error_events)
+ * for the error responses the loop answered; at most SV_ERRLOG_BATCH at a
+ * time. dropped: records lost to a full ring since the previous call. */
+static VALUE core_error_events(VALUE self, VALUE timeout)
+{
+    sv_core *core = sv_core_get(self);
+    errlog_args args, *a = &args;
+    a->log = &core->errlog;
+    a->deadline = sv_now() + NUM2DBL(timeout);
+    a->n = 0;
+    a->dropped = 0;
+    rb_thread_call_without_gvl(errlog_take_nogvl, a, errlog_ubf, a);
+    VALUE list = rb_ary_new_capa((long)a->n);
+    for (size_t i = 0; i < a->n; i++) {
+        sv_err_event *e = &a->ev[i];
+        rb_ary_push(list, rb_ary_new_from_args(4, INT2NUM(e->status), rb_str_new_cstr(e->reason),
+                                               rb_str_new_cstr(e->detail), rb_str_new_cstr(e->peer)));
+    }
+    return rb_ary_new_from_args(2, list, ULONG2NUM(a->dropped));
+}
+
+/* Makes a waiting (or the next) #error_events return at once. */
+static VALUE core_wake_error_events(VALUE self)
+{
+    sv_errlog_wake(&sv_core_get(self)->errlog);
+    return Qnil;
+}
+
+static VALUE core_error_events_stats(VALUE self)
+{
+    size_t queued;
+    unsigned long dropped, total;
+    sv_errlog_stats(&sv_core_get(self)->errlog, &queued, &dropped, &total);
+    VALUE h = rb_hash_new();
+    rb_hash_aset(h, ID2SYM(rb_intern("capacity")), INT2NUM(SV_ERRLOG_CAP));
+    rb_hash_aset(h, ID2SYM(rb_intern("queued")), SIZET2NUM(queued));
+    rb_hash_aset(h, ID2SYM(rb_intern("dropped")), ULONG2NUM(dropped));
+    rb_hash_aset(h, ID2SYM(rb_intern("total")), ULONG2NUM(total));
+    return h;
+}
+
 void sv_init_core(VALUE mNative)
 {
     sv_cCore = rb_define_class_under(mNative, "Core", rb_cObject);
@@ -348,4 +423,7 @@ void sv_init_core(VALUE mNative)
     rb_define_method(sv_cCore, "stats", core_stats, 0);
     rb_define_method(sv_cCore, "starved?", core_starved, 0);
     rb_define_method(sv_cCore, "waiting", core_waiting, 0);
+    rb_define_method(sv_cCore, "error_events", core_error_events, 1);
+    rb_define_method(sv_cCore, "wake_error_events", core_wake_error_events, 0);
+    rb_define_method(sv_cCore, "error_events_stats", core_error_events_stats, 0);
 }

@@ -27,4 +27,6 @@ $CFLAGS << " -Werror" unless ENV["SERVAL_NO_WERROR"]
 $CFLAGS << " #{ENV['SERVAL_EXTRA_CFLAGS']}" if ENV["SERVAL_EXTRA_CFLAGS"]
 $LDFLAGS << " #{ENV['SERVAL_EXTRA_LDFLAGS']}" if ENV["SERVAL_EXTRA_LDFLAGS"]
 
+# Every ext/serval/*.c is compiled (errlog.c included); after adding a file,
+# the Makefile under tmp/ is regenerated because this file changed.
 create_makefile("serval/serval_ext")

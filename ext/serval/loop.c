@@ -230,9 +230,9 @@ static void after_write(sv_conn *c)
     }
 }
 
-static void write_some(sv_conn *c)
+/* r: what sv_conn_flush returned */
+static void wrote(sv_conn *c, int r)
 {
-    int r = sv_conn_flush(c);
     if (r < 0) {
         conn_destroy(c);
     } else if (r == 0) {
@@ -242,6 +242,11 @@ static void write_some(sv_conn *c)
     } else {
         after_write(c);
     }
+}
+
+static void write_some(sv_conn *c)
+{
+    wrote(c, sv_conn_flush(c));
 }
 
 static void http_date(char *buf, size_t len)
@@ -275,7 +280,10 @@ static void error_response(sv_conn *c, int status, const char *msg)
     }
     c->keep_alive = 0;
     c->close_after = 1;
-    write_some(c);
+    int r = sv_conn_flush(c);
+    if (r >= 0) /* an answer that reached the socket (or is on its way): log it */
+        sv_errlog_push(&core->errlog, status, status_reason(status), msg, c->remote);
+    wrote(c, r);
 }
 
 /* ---- requests ----------------------------------------------------------- */
@@ -738,6 +746,7 @@ static void *loop_main(void *arg)
 
 int sv_core_init(sv_core *core)
 {
+    sv_errlog_init(&core->errlog);
     core->epfd = epoll_create1(EPOLL_CLOEXEC);
     core->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (core->epfd < 0 || core->wakefd < 0)
@@ -810,4 +819,5 @@ void sv_core_destroy(sv_core *core)
     if (core->wakefd >= 0)
         close(core->wakefd);
     core->epfd = core->wakefd = -1;
+    sv_errlog_destroy(&core->errlog);
 }

@@ -147,6 +147,21 @@ static void append_body(VALUE self, sv_conn *c, const char *p, size_t n)
     }
 }
 
+/* Send what is buffered now: one non-blocking attempt with the GVL held (the
+ * usual case: the socket has room); if the client is behind, wait for it
+ * without the GVL, bounded by write_timeout. Streamed bodies call this after
+ * every chunk so each one reaches the socket when the app yields it. */
+static void flush_now(VALUE self, sv_conn *c)
+{
+    if (pending(c) == 0)
+        return;
+    int r = sv_conn_flush(c);
+    if (r < 0)
+        rb_raise(sv_eConnectionError, "client closed the connection");
+    if (pending(c) > 0)
+        flush_blocking(self, c, 0);
+}
+
 /* ---- methods ------------------------------------------------------------ */
 
 static VALUE req_env(VALUE self, VALUE tmpl)
@@ -204,6 +219,20 @@ static VALUE req_write(VALUE self, VALUE str)
     }
     c->sent_body += (int64_t)n;
     RB_GC_GUARD(str);
+    return Qnil;
+}
+
+static VALUE req_flush(VALUE self)
+{
+    flush_now(self, conn_of(self));
+    return Qnil;
+}
+
+/* write + flush: one chunk of a streamed body. */
+static VALUE req_stream_write(VALUE self, VALUE str)
+{
+    req_write(self, str);
+    flush_now(self, conn_of(self));
     return Qnil;
 }
 
@@ -377,6 +406,8 @@ void sv_init_request(VALUE mNative)
     rb_define_method(sv_cRequest, "body", req_body, 0);
     rb_define_method(sv_cRequest, "write_head", req_write_head, -1);
     rb_define_method(sv_cRequest, "write", req_write, 1);
+    rb_define_method(sv_cRequest, "flush", req_flush, 0);
+    rb_define_method(sv_cRequest, "stream_write", req_stream_write, 1);
     rb_define_method(sv_cRequest, "sendfile", req_sendfile, 3);
     rb_define_method(sv_cRequest, "finish", req_finish, 0);
     rb_define_method(sv_cRequest, "abort", req_abort, 0);

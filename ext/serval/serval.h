@@ -59,6 +59,26 @@ typedef struct sv_listener {
 
 typedef struct sv_core sv_core;
 
+/* One error response the loop answered itself (errlog.c). */
+#define SV_ERRLOG_CAP 256
+typedef struct {
+    int status;
+    const char *reason;          /* static: the status line's reason phrase */
+    const char *detail;          /* static: what was wrong */
+    char peer[SV_REMOTE_MAX];
+} sv_err_event;
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    sv_err_event ev[SV_ERRLOG_CAP];
+    unsigned head, len;
+    unsigned long dropped;       /* records lost to a full ring since the last take */
+    unsigned long total;         /* records offered, kept or not */
+    int wake;
+    int ready;
+} sv_errlog;
+
 typedef struct sv_conn {
     int kind;
     int fd;
@@ -154,6 +174,8 @@ struct sv_core {
     _Atomic unsigned long requests;
     _Atomic unsigned long errors;
     _Atomic long open;           /* open connections */
+
+    sv_errlog errlog;            /* error responses, for lib/serval/error_log.rb */
 };
 
 /* buffer.c */
@@ -162,6 +184,14 @@ int sv_buf_append(sv_buf *b, const void *p, size_t n, size_t limit);
 void sv_buf_consume_front(sv_buf *b, size_t n);
 void sv_buf_free(sv_buf *b);
 void sv_buf_shrink(sv_buf *b, size_t keep);
+
+/* errlog.c */
+void sv_errlog_init(sv_errlog *l);
+void sv_errlog_destroy(sv_errlog *l);
+void sv_errlog_push(sv_errlog *l, int status, const char *reason, const char *detail, const char *peer);
+size_t sv_errlog_take(sv_errlog *l, sv_err_event *out, size_t max, unsigned long *dropped, double deadline);
+void sv_errlog_wake(sv_errlog *l);
+void sv_errlog_stats(sv_errlog *l, size_t *queued, unsigned long *dropped, unsigned long *total);
 
 /* util */
 double sv_now(void);

@@ -15,7 +15,7 @@
 #include <ruby.h>
 #include "serval_ruby.h"
 
-#define SV_TM_METRICS 4          /* queue, run, idle, stall */
+#define SV_TM_METRICS 5          /* queue, run, idle, stall, upstream queue */
 #define SV_TM_BUCKETS 13
 #define SV_TM_SLOTS (SV_TM_BUCKETS + 1)
 #define SV_UPSTREAM_MAX 60.0     /* seconds; larger upstream queue times are clamped (skew) */
@@ -24,7 +24,7 @@ static const double bucket_le[SV_TM_BUCKETS] = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 };
 
-enum { TM_QUEUE = 0, TM_RUN, TM_IDLE, TM_STALL };
+enum { TM_QUEUE = 0, TM_RUN, TM_IDLE, TM_STALL, TM_UPSTREAM };
 
 /* Process-wide aggregates: touched only with the GVL held. */
 static uint64_t agg_counts[SV_TM_METRICS][SV_TM_SLOTS];
@@ -115,13 +115,14 @@ void sv_tm_begin(sv_tm *t, double queued_at, VALUE env, int detailed)
     t->queue = q < 0 ? 0 : q;
     t->upstream = NAN;
     t->has_gvl = sv_gvl_counters(t->gvl0);
-    if (!detailed)
-        return;
+    /* every request: the upstream queue histogram (two hash lookups) */
     VALUE h = rb_hash_lookup2(env, k_xrs, Qnil);
     if (NIL_P(h))
         h = rb_hash_lookup2(env, k_xqs, Qnil);
     if (!NIL_P(h))
         t->upstream = upstream_seconds(h);
+    if (!detailed)
+        return;
     t->has_gc = 1;
     t->gc0 = gc_ns();
     t->has_cpu = 1;
@@ -176,6 +177,8 @@ void sv_tm_end(sv_tm *t)
     if (t->has_gvl)
         t->has_gvl = sv_gvl_counters(t->gvl1);
     add(TM_QUEUE, t->queue);
+    if (!isnan(t->upstream))
+        add(TM_UPSTREAM, t->upstream);
     if (t->has_gvl) {
         add(TM_RUN, (double)(t->gvl1[0] - t->gvl0[0]) / 1e9);
         add(TM_IDLE, (double)(t->gvl1[1] - t->gvl0[1]) / 1e9);

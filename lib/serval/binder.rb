@@ -195,7 +195,7 @@ module Serval
     end
 
     def tls_context(bind)
-      require "serval/serval_ext"
+      require "serval/native_ext"
       unless defined?(Native::TLSContext)
         raise ConfigError, "bind #{bind.uri}: TLS is unavailable (serval was built without OpenSSL; install libssl-dev and reinstall)"
       end

@@ -38,15 +38,17 @@ module Serval
       @stdout = stdout
       @stderr = stderr
       @cli = {}
+      @sources = {}
       @config_file = nil
-      @dsl = DSL.new(@cli, ->(msg) { @stderr.puts(msg) })
+      @dsl = DSL.new(@cli, ->(msg) { @stderr.puts(msg) }, sources: @sources)
     end
 
     # Returns the process exit status.
     def run
       return 0 if parse == :done
 
-      options = Configuration.load(cli: @cli, config_file: @config_file, warn: ->(msg) { @stderr.puts(msg) })
+      options = Configuration.load(cli: @cli, cli_sources: @sources, config_file: @config_file,
+                                   warn: ->(msg) { @stderr.puts(msg) })
       log_writer = LogWriter.new(stdout: @stdout, stderr: @stderr,
                                  quiet: options[:quiet], verbose: options[:verbose])
       run_launcher(options, log_writer)
@@ -97,7 +99,7 @@ module Serval
         o.separator ""
         o.separator "Limits and timeouts (see docs/configuration.md):"
         LIMITS.each do |flag, (method, arg, help)|
-          o.on("#{flag} #{arg}", help) { |v| @dsl.public_send(method, v) }
+          on(o, "#{flag} #{arg}", help) { |v| @dsl.public_send(method, v) }
         end
         o.separator ""
         puma_options(o)
@@ -105,36 +107,45 @@ module Serval
     end
 
     def basic_options(o)
-      o.on("-b", "--bind URI", "Listen on URI: tcp://HOST:PORT, unix://PATH (repeatable)") { |v| @dsl.bind(v) }
-      o.on("-p", "--port PORT", "Listen on tcp://0.0.0.0:PORT (repeatable)") { |v| @dsl.port(v) }
-      o.on("-t", "--threads MIN:MAX", "Thread pool size (-t N means N:N; default 0:5)") { |v| threads(v) }
-      o.on("-e", "--environment ENV", "App environment (default development)") { |v| @dsl.environment(v) }
-      o.on("-C", "--config FILE", "Config file (default config/serval.rb; - for none)") { |v| @config_file = v }
-      o.on("--dir DIR", "Change to DIR before loading the app") { |v| @dsl.directory(v) }
-      o.on("--pidfile PATH", "Write the process id to PATH") { |v| @dsl.pidfile(v) }
-      o.on("--tag NAME", "Add NAME to the process title") { |v| @dsl.tag(v) }
-      o.on("--log-requests", "Log one line per request on stdout") { @dsl.log_requests(true) }
-      o.on("-q", "--quiet", "Do not print boot and stop messages") { @dsl.quiet(true) }
-      o.on("-v", "--verbose", "Print debugging detail") { @dsl.verbose(true) }
-      o.on("--early-hints", "Let the app send 103 Early Hints") { @dsl.early_hints(true) }
-      o.on("-V", "--version", "Print the version and exit") { done(@stdout.puts("Serval #{VERSION}")) }
-      o.on("-h", "--help", "Show this help and exit") { done(@stdout.puts(o.help)) }
+      on(o, "-b", "--bind URI", "Listen on URI: tcp://HOST:PORT, unix://PATH (repeatable)") { |v| @dsl.bind(v) }
+      on(o, "-p", "--port PORT", "Listen on tcp://0.0.0.0:PORT (repeatable)") { |v| @dsl.port(v) }
+      on(o, "-t", "--threads MIN:MAX", "Thread pool size (-t N means N:N; default 0:5 or $RAILS_MIN/MAX_THREADS)") { |v| threads(v) }
+      on(o, "-e", "--environment ENV", "App environment (default $APP_ENV, $RACK_ENV, $RAILS_ENV or development)") { |v| @dsl.environment(v) }
+      on(o, "-C", "--config FILE", "Config file (default config/serval.rb or config/puma.rb, docs/configuration.md; - for none)") { |v| @config_file = v }
+      on(o, "--dir DIR", "Change to DIR before loading the app") { |v| @dsl.directory(v) }
+      on(o, "--pidfile PATH", "Write the process id to PATH") { |v| @dsl.pidfile(v) }
+      on(o, "--tag NAME", "Add NAME to the process title") { |v| @dsl.tag(v) }
+      on(o, "--log-requests", "Log one line per request on stdout") { @dsl.log_requests(true) }
+      on(o, "-q", "--quiet", "Do not print boot and stop messages") { @dsl.quiet(true) }
+      on(o, "-v", "--verbose", "Print debugging detail") { @dsl.verbose(true) }
+      on(o, "--early-hints", "Let the app send 103 Early Hints") { @dsl.early_hints(true) }
+      on(o, "-V", "--version", "Print the version and exit") { done(@stdout.puts("Serval #{VERSION}")) }
+      on(o, "-h", "--help", "Show this help and exit") { done(@stdout.puts(o.help)) }
     end
 
     # docs/control.md
     def control_options(o)
-      o.on("--control-url URL", "Serve the control app on unix://PATH or tcp://HOST:PORT") { |v| @dsl.control_url(v) }
-      o.on("--control-token TOKEN", "Control app token (default: generated and printed)") { |v| @dsl.control_auth_token(v) }
-      o.on("--metrics-bind URI", "Serve Prometheus /metrics on URI (no token)") { |v| @dsl.metrics_bind(v) }
-      o.on("-S", "--state PATH", "Write pid, control URL and token to PATH (YAML)") { |v| @dsl.state_path(v) }
+      on(o, "--control-url URL", "Serve the control app on unix://PATH or tcp://HOST:PORT") { |v| @dsl.control_url(v) }
+      on(o, "--control-token TOKEN", "Control app token (default: generated and printed)") { |v| @dsl.control_auth_token(v) }
+      on(o, "--metrics-bind URI", "Serve Prometheus /metrics on URI (no token)") { |v| @dsl.metrics_bind(v) }
+      on(o, "-S", "--state PATH", "Write pid, control URL and token to PATH (YAML)") { |v| @dsl.state_path(v) }
     end
 
     def puma_options(o)
       o.separator "Cluster mode (docs/signals.md):"
-      o.on("-w", "--workers N", "Forked worker processes, or auto (0 = single mode)") { |v| @dsl.workers(v) }
-      o.on("--preload", "Load the app in the master before forking (default with -w > 1)") { @dsl.preload_app! }
+      on(o, "-w", "--workers N", "Forked worker processes, or auto (0 = single mode; default $WEB_CONCURRENCY or 0)") { |v| @dsl.workers(v) }
+      on(o, "--preload", "Load the app in the master before forking (default with -w > 1)") { @dsl.preload_app! }
       o.separator "Accepted from Puma, not supported yet (warn only):"
-      o.on("--fork-worker [N]", "Refork from worker 0") { @dsl.fork_worker }
+      on(o, "--fork-worker [N]", "Refork from worker 0") { @dsl.fork_worker }
+    end
+
+    # o.on, recording the flag as the source of what its block sets.
+    def on(o, *spec, &block)
+      flag = spec.first.split.first
+      o.on(*spec) do |*values|
+        @dsl.source = "flag #{flag}"
+        block.call(*values)
+      end
     end
 
     def done(_)

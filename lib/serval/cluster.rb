@@ -3,8 +3,10 @@
 require "serval/launcher"
 require "serval/systemd"
 require "serval/boot_state"
+require "serval/boot_report"
 require "serval/cluster/worker_handle"
 require "serval/cluster/worker"
+require "serval/cluster/command_channel"
 
 module Serval
   # Cluster mode: a master that serves nothing. It binds, (pre)loads the app,
@@ -34,6 +36,7 @@ module Serval
       @phase = 0
       @failures = Hash.new(0)
       @spawn_at = Hash.new(0.0)
+      @asker = CommandChannel::Asker.new
       init_boot_state
     end
 
@@ -60,6 +63,25 @@ module Serval
         worker_status: handles.map(&:stats) }
     end
 
+    # A GVL trace of every booted worker, recorded at the same time and merged
+    # (one process per worker) as JSON text; workers that did not answer are
+    # listed in otherData.missing. Called from the control app's thread.
+    def gvl_trace(seconds)
+      require "serval/gvl_trace"
+      GVLTrace.check_supported
+      origin = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
+      answers, missing = ask_workers(:trace, seconds + CommandChannel::GRACE, seconds: seconds, origin_ns: origin)
+      GVLTrace.merge(answers, missing)
+    end
+
+    # The master's threads and every booted worker's.
+    def thread_backtraces
+      answers, missing = ask_workers(:backtraces, CommandChannel::GRACE)
+      { master: { pid: Process.pid, threads: Launcher::Support.thread_backtraces },
+        workers: answers.map { |a| { index: a[:index], pid: a[:pid], threads: a[:result] } },
+        missing: missing }
+    end
+
     private
 
     def boot
@@ -67,9 +89,7 @@ module Serval
       Dir.chdir(@options[:directory]) if @options[:directory]
       ENV["RACK_ENV"] = @options[:environment]
       @log_writer.info("Serval #{VERSION} (ruby #{RUBY_VERSION}-p#{RUBY_PATCHLEVEL}) starting in cluster mode")
-      @log_writer.info("* Environment: #{@options[:environment]}")
-      @log_writer.info("* Workers: #{@wanted}, threads: #{@options[:min_threads]}..#{@options[:max_threads]}, " \
-                       "preload: #{@preload}")
+      BootReport.lines(@options, preload: @preload).each { |line| @log_writer.info(line) }
       require "serval/server" # the extension is loaded once, before fork
       @app ||= Launcher::Support.load_app(@options[:rackup]) if @preload
       @binder = Binder.new(backlog: @options[:backlog], log_writer: @log_writer)
@@ -124,6 +144,11 @@ module Serval
 
     def handles
       @workers.values + @retiring
+    end
+
+    def ask_workers(command, timeout, **args)
+      targets = @workers.values.select(&:booted?).sort_by(&:index) # a snapshot: this runs off the supervise loop
+      @asker.ask(targets, command, timeout, **args)
     end
 
     def read_worker(handle)
@@ -251,21 +276,22 @@ module Serval
 
     def spawn_worker(index)
       status_r, status_w = IO.pipe
-      life_r, life_w = IO.pipe
-      others = handles.flat_map { |h| [h.status_io, h.life_io] }
-      pid = Process.fork { worker_main(index, status_w, life_r, [status_r, life_w, *others]) }
+      control_m, control_w = CommandChannel.pair
+      others = handles.flat_map { |h| [h.status_io, h.control_io] }
+      pid = Process.fork { worker_main(index, status_w, control_w, [status_r, control_m, *others]) }
       status_w.close
-      life_r.close
-      @workers[index] = WorkerHandle.new(pid: pid, index: index, phase: @phase, status_io: status_r, life_io: life_w, now: now)
+      control_w.close
+      @workers[index] = WorkerHandle.new(pid: pid, index: index, phase: @phase, status_io: status_r,
+                                         control_io: control_m, now: now)
     end
 
-    def worker_main(index, status_w, life_r, close_ios)
+    def worker_main(index, status_w, control_w, close_ios)
       code = 1
       begin
         close_ios.each { |io| io.close unless io.closed? }
         @signals.close
         code = Worker.new(index: index, options: @options, app: @app, binder: @binder, log_writer: @log_writer,
-                          status_io: status_w, life_io: life_r).run
+                          status_io: status_w, control_io: control_w).run
       rescue Exception => e # rubocop:disable Lint/RescueException
         @log_writer.exception(e, "serval: worker #{index} failed")
       end

@@ -4,16 +4,19 @@ require "tmpdir"
 require "serval/errors"
 
 module Serval
-  # Builds the frozen options hash the Server receives, from three layers:
-  # DEFAULTS < config file (DSL) < command line / handler options.
+  # Builds the frozen options hash the Server receives, from these layers:
+  # DEFAULTS < launcher defaults (rails server's Host/Port) < environment
+  # variables (EnvConfig) < config file (DSL) < command line / handler options.
   # Every value is checked here, at boot; a wrong value raises ConfigError
-  # whose message starts with the option's name.
+  # whose message starts with the option's name. options[:sources] says, for
+  # every key, which layer its value came from ("flag -t", "env
+  # WEB_CONCURRENCY", "config file config/puma.rb", "default", ...).
   class Configuration
     DEFAULTS = {
       binds: ["tcp://0.0.0.0:9292"].freeze,
       min_threads: 0,
       max_threads: 5,
-      environment: (ENV["APP_ENV"] || ENV["RACK_ENV"] || ENV["RAILS_ENV"] || "development").dup.freeze,
+      environment: "development", # or $APP_ENV, $RACK_ENV, $RAILS_ENV (EnvConfig)
       rackup: "config.ru",
       directory: nil,
       pidfile: nil,
@@ -28,7 +31,7 @@ module Serval
       max_request_line: 8192,
       max_head: 65_536,
       max_headers: 128,
-      max_body: 104_857_600,
+      max_body: nil, # no limit, as Puma (docs/configuration.md "Request bodies")
       body_spill: 262_144,
       max_chunk_ext: 1024,
       first_data_timeout: 30.0,
@@ -55,7 +58,11 @@ module Serval
       control_url: nil,
       control_auth_token: nil,
       metrics_bind: nil,
-      state_path: nil
+      state_path: nil,
+      plugins: [].freeze,
+      stdout_sync: true,
+      sources: {}.freeze,
+      error_log_limit: 10
     }.freeze
 
     # Cluster hooks => how many arguments their blocks receive.
@@ -85,7 +92,7 @@ module Serval
       max_request_line: [:int, 64, 1 << 20],
       max_head: [:int, 256, 16 << 20],
       max_headers: [:int, 1, 10_000],
-      max_body: [:int, 0, 1 << 62],
+      max_body: [:int_or_nil, 0, 1 << 62],
       body_spill: [:int, 0, 1 << 30],
       max_chunk_ext: [:int, 0, 1 << 20],
       first_data_timeout: [:seconds, 0.001, DAY],
@@ -109,30 +116,54 @@ module Serval
       control_url: [:bind_or_nil],
       control_auth_token: [:string_or_nil],
       metrics_bind: [:bind_or_nil],
-      state_path: [:string_or_nil]
+      state_path: [:string_or_nil],
+      plugins: [:plugins],
+      stdout_sync: [:bool],
+      sources: [:sources],
+      error_log_limit: [:int, 0, 1_000_000]
     }.freeze
 
-    # Default config files, tried in order (Puma's convention with our name).
+    # Plugins (`plugin :name`) Serval runs; see lib/serval/plugins.rb.
+    PLUGINS = %w[tmp_restart].freeze
+
+    # Default config files, the first that exists is read: Serval's own, then
+    # Puma's (what `puma` and Puma's Rack handler read under `rails server`).
     def self.default_files(environment)
-      ["config/serval/#{environment}.rb", "config/serval.rb"]
+      ["config/serval/#{environment}.rb", "config/serval.rb", "config/puma/#{environment}.rb", "config/puma.rb"]
     end
 
-    # cli:         options from the command line (already coerced by the DSL)
-    # config_file: a path, nil (look for the default files) or "-" (none)
-    # warn:        callable receiving warning lines
-    def self.load(cli: {}, config_file: nil, warn: ->(msg) { Kernel.warn(msg) })
-      new(cli: cli, config_file: config_file, warn: warn).options
+    # Keyword arguments of #initialize; see there.
+    def self.load(**kw)
+      new(**kw).options
     end
 
     attr_reader :options, :config_file
 
-    def initialize(cli: {}, config_file: nil, warn: ->(msg) { Kernel.warn(msg) })
+    # cli:          options from the command line or handler (already coerced by the DSL)
+    # cli_sources:  key => where each cli value came from ("flag -t")
+    # config_file:  a path, nil (look for the default files) or "-" (none)
+    # warn:         callable receiving warning lines
+    # env:          the environment variables to read (EnvConfig)
+    # launcher:     options a launcher supplies as defaults (rails server's Host/Port
+    #               when the user did not give them), with launcher_sources
+    # default_host: the host of the config file's `port N` (else 0.0.0.0)
+    def initialize(cli: {}, cli_sources: {}, config_file: nil, warn: ->(msg) { Kernel.warn(msg) }, env: ENV,
+                   launcher: {}, launcher_sources: {}, default_host: nil)
       require "serval/dsl"
+      require "serval/env_config"
       @warn = warn
-      @config_file = find_file(config_file, cli[:environment] || DEFAULTS[:environment])
+      env_options, env_sources = EnvConfig.read(env)
+      @config_file = find_file(config_file, cli[:environment] || env_options[:environment] || DEFAULTS[:environment])
       file_options = {}
-      DSL.new(file_options, warn).load_file(@config_file) if @config_file
-      @options = self.class.finish(DEFAULTS.merge(file_options).merge(cli))
+      file_sources = {}
+      if @config_file
+        DSL.new(file_options, warn, sources: file_sources, source: "config file #{@config_file}",
+                                    default_host: default_host).load_file(@config_file)
+      end
+      sources = (DEFAULTS.keys - [:sources]).to_h { |k| [k, "default"] }
+      sources.merge!(launcher_sources, env_sources, file_sources, cli_sources)
+      hash = DEFAULTS.merge(launcher, env_options, file_options, cli)
+      @options = self.class.finish(hash.merge(sources: sources.slice(*hash.keys)))
     end
 
     # Validates a merged hash and returns it deeply frozen.
@@ -146,13 +177,19 @@ module Serval
       out.freeze
     end
 
+    # Where a key's value came from ("unknown" when the hash has no sources).
+    def self.source(options, key)
+      (options[:sources] || {}).fetch(key, "unknown")
+    end
+
     def self.check_relations(opts)
       if opts[:worker_timeout] <= opts[:worker_check_interval]
         raise ConfigError, "worker_timeout (#{opts[:worker_timeout]}) must be > worker_check_interval " \
                            "(#{opts[:worker_check_interval]})"
       end
       if opts[:min_threads] > opts[:max_threads]
-        raise ConfigError, "threads: min (#{opts[:min_threads]}) must be <= max (#{opts[:max_threads]})"
+        min, max = %i[min_threads max_threads].map { |k| "#{opts[k]}, #{source(opts, k)}" }
+        raise ConfigError, "threads: min (#{min}) must be <= max (#{max})"
       end
       return if opts[:max_request_line] <= opts[:max_head]
 
@@ -164,6 +201,7 @@ module Serval
       kind, min, max = RULES.fetch(key)
       case kind
       when :int then range(name, int(name, value), min, max)
+      when :int_or_nil then value.nil? ? nil : range(name, int(name, value), min, max)
       when :seconds then range(name, seconds(name, value), min, max)
       when :bool then bool(name, value)
       when :string then string(name, value)
@@ -175,6 +213,8 @@ module Serval
       when :bool_or_nil then value.nil? ? nil : bool(name, value)
       when :hooks then hooks(name, key, value)
       when :bind_or_nil then value.nil? ? nil : plain_bind(name, value)
+      when :plugins then plugins(name, value)
+      when :sources then sources(name, value)
       end
     end
 
@@ -245,6 +285,21 @@ module Serval
       int(name, value)
     rescue ConfigError
       raise ConfigError, "#{name}: expected an integer or :auto, got #{value.inspect}"
+    end
+
+    def self.plugins(name, value)
+      Array(value).map do |plugin|
+        plugin = string(name, plugin)
+        raise ConfigError, "#{name}: unknown plugin #{plugin} (Serval has: #{PLUGINS.join(', ')})" unless PLUGINS.include?(plugin)
+
+        plugin
+      end.uniq.freeze
+    end
+
+    def self.sources(name, value)
+      raise ConfigError, "#{name}: expected a Hash, got #{value.inspect}" unless value.is_a?(Hash)
+
+      value.to_h { |k, v| [k.to_sym, string(name, v)] }.freeze
     end
 
     # A list of callables, each taking at most HOOKS[key] arguments.

@@ -16,9 +16,11 @@ module Serval
   #   launcher.run   # the control parts start once the launcher has booted
   #   control.stop
   class Control
-    # Options for the small servers: one thread, few connections, no bodies.
+    # Options for the small servers: one thread, few connections, no bodies,
+    # no timing (the histograms are the process's: in single mode they count
+    # the application's requests only, and are not reset when these start).
     SERVER_OPTIONS = { min_threads: 1, max_threads: 1, max_connections: 16, max_body: 0,
-                       log_requests: false, early_hints: false, lowlevel_error_handler: nil,
+                       log_requests: false, early_hints: false, lowlevel_error_handler: nil, timing: false,
                        read_timeout: 10.0, first_data_timeout: 10.0, persistent_timeout: 5.0 }.freeze
     STOP_GRACE = 1.0
     BOOT_WAIT = 86_400

@@ -29,14 +29,13 @@ module Serval
 
     MAX_TRACE_SECONDS = 60
 
-    # gvl_trace: the class answering record(seconds); nil looks up
-    # Serval::GVLTrace at each request, false disables the endpoint.
-    def initialize(launcher, token:, gvl_trace: nil)
+    # launcher: answers stats, enqueue(command), thread_backtraces and
+    # gvl_trace(seconds) (Serval::Launcher; the endpoint answers 501 without it).
+    def initialize(launcher, token:)
       raise ArgumentError, "a control token is required" if token.nil? || token.empty?
 
       @launcher = launcher
       @token = token
-      @gvl_trace = gvl_trace
     end
 
     def call(env)
@@ -83,23 +82,19 @@ module Serval
       answer(200, GC.stat)
     end
 
+    # The launcher hands over the trace as JSON text (it can be tens of MB,
+    # spliced from the workers' parts): sent as it is, never encoded again.
     def gvl_trace(params)
-      return answer(501, error: "GVL tracing is not available in this build") unless gvl_trace_class
+      return answer(501, error: "GVL tracing is not available here") unless @launcher.respond_to?(:gvl_trace)
 
       seconds = Float(params.fetch("seconds", "1"), exception: false)
       unless seconds&.positive? && seconds <= MAX_TRACE_SECONDS
         return answer(400, error: "seconds must be a number in (0, #{MAX_TRACE_SECONDS}]")
       end
 
-      answer(200, gvl_trace_class.record(seconds))
+      respond(200, @launcher.gvl_trace(seconds))
     rescue NotImplementedError => e
       answer(501, error: e.message)
-    end
-
-    def gvl_trace_class
-      return @gvl_trace unless @gvl_trace.nil?
-
-      Serval.const_defined?(:GVLTrace) ? Serval.const_get(:GVLTrace) : nil
     end
 
     # JSON has no Infinity/NaN (histogram buckets end at +Inf): send them as strings.
@@ -113,7 +108,10 @@ module Serval
     end
 
     def answer(status, body)
-      json = JSON.generate(jsonable(body))
+      respond(status, JSON.generate(jsonable(body)))
+    end
+
+    def respond(status, json)
       [status, { "content-type" => "application/json", "cache-control" => "no-store",
                  "content-length" => json.bytesize.to_s }, [json]]
     end

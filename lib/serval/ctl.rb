@@ -12,7 +12,7 @@ module Serval
   #
   #   servalctl --control-url unix:///run/app/ctl.sock --control-token T stats
   #   servalctl -S tmp/serval.state stop
-  #   servalctl -C config/serval.rb gvl-trace --seconds 2
+  #   servalctl -C config/serval.rb gvl-trace --seconds 2 -o trace.json
   #
   # Exit status: 0 done, 1 the server answered with an error, 2 usage or
   # configuration error, 3 the server could not be reached.
@@ -33,6 +33,7 @@ module Serval
       @state = nil
       @config = nil
       @seconds = nil
+      @output = nil
     end
 
     def run
@@ -42,6 +43,8 @@ module Serval
       resolve_target
       status, body = request(path_for(command))
       return report_error(command, status, body) unless status == 200
+
+      return save_trace(body) if command == "gvl-trace"
 
       show(command, JSON.parse(body))
       0
@@ -72,6 +75,7 @@ module Serval
         o.on("-S", "--state PATH", "Read the URL and token from a state file") { |v| @state = v }
         o.on("-C", "--config FILE", "Read control_url, token and state_path from a config file") { |v| @config = v }
         o.on("--seconds N", Float, "gvl-trace: how long to record (default 1)") { |v| @seconds = v }
+        o.on("-o", "--output FILE", "gvl-trace: write the trace to FILE (default: stdout)") { |v| @output = v }
         o.on("-V", "--version", "Print the version") { done(@stdout.puts("servalctl #{VERSION}")) }
         o.on("-h", "--help", "Show this help") { done(@stdout.puts(o.help)) }
       end
@@ -163,9 +167,28 @@ module Serval
       case command
       when "status" then @stdout.puts(status_line(data))
       when "thread-backtraces" then show_backtraces(data)
-      when "stats", "gc-stats", "gvl-trace" then @stdout.puts(JSON.pretty_generate(data))
+      when "stats", "gc-stats" then @stdout.puts(JSON.pretty_generate(data))
       else @stdout.puts("#{command}: sent")
       end
+    end
+
+    # The trace as the server sent it (Chrome trace-event JSON, one object):
+    # to stdout, or to --output with a summary line.
+    def save_trace(body)
+      unless @output
+        @stdout.puts(body)
+        return 0
+      end
+
+      File.write(@output, body)
+      trace = JSON.parse(body)
+      missing = Array(trace.dig("otherData", "missing"))
+      @stdout.puts("gvl-trace: wrote #{@output} (#{Array(trace['traceEvents']).size} events" \
+                   "#{", no answer from #{missing.map { |m| "worker #{m['index']}" }.join(', ')}" if missing.any?})")
+      0
+    rescue SystemCallError => e
+      @stderr.puts("servalctl: gvl-trace: cannot write #{@output} (#{e.message})")
+      1
     end
 
     def status_line(stats)
@@ -178,10 +201,23 @@ module Serval
       end
     end
 
+    # Single mode: {thread => frames}; cluster: the master's and each worker's.
     def show_backtraces(data)
-      data.each do |name, frames|
-        @stdout.puts("#{name}:")
-        Array(frames).each { |frame| @stdout.puts("    #{frame}") }
+      return print_threads(data, "") unless data["workers"].is_a?(Array)
+
+      @stdout.puts("master (pid #{data.dig('master', 'pid')}):")
+      print_threads(data.dig("master", "threads") || {}, "  ")
+      data["workers"].each do |w|
+        @stdout.puts("worker #{w['index']} (pid #{w['pid']}):")
+        print_threads(w["threads"] || {}, "  ")
+      end
+      Array(data["missing"]).each { |m| @stdout.puts("worker #{m['index']} (pid #{m['pid']}): no answer (#{m['error']})") }
+    end
+
+    def print_threads(threads, indent)
+      threads.each do |name, frames|
+        @stdout.puts("#{indent}#{name}:")
+        Array(frames).each { |frame| @stdout.puts("#{indent}    #{frame}") }
       end
     end
   end

@@ -15,13 +15,13 @@ module Serval
   class DSL
     # Puma options Serval accepts and ignores with a warning.
     UNSUPPORTED = %i[
-      plugin worker_culling_strategy fork_worker prune_bundler nakayoshi_fork
+      worker_culling_strategy fork_worker prune_bundler nakayoshi_fork
       extra_runtime_dependencies wait_for_less_busy_worker silence_single_worker_warning
       silence_fork_callback_warning on_worker_fork after_worker_fork before_worker_fork on_restart
       before_restart on_refork before_refork after_refork on_booted after_booted on_stopped
       after_stopped on_thread_start on_thread_exit before_thread_start before_thread_exit
       out_of_band state_permission stdout_redirect queue_requests restart_command
-      mutate_stdout_and_stderr_to_sync_on_write custom_logger log_formatter
+      custom_logger log_formatter
       raise_exception_on_sigterm set_remote_address shutdown_debug clean_thread_locals
       max_fast_inline io_selector_backend enable_keep_alives supported_http_methods rack_url_scheme
       bind_to_activated_sockets debug_rack_app
@@ -33,13 +33,27 @@ module Serval
       first_data_timeout read_timeout persistent_timeout write_timeout max_connections
       output_buffer max_keepalive_requests tmpdir drain_timeout thread_idle_timeout backlog
       environment rackup directory pidfile tag state_path metrics_bind control_url control_auth_token
+      error_log_limit
     ].freeze
 
     DEFAULT_HOST = "0.0.0.0"
 
-    def initialize(options, warn)
+    # Puma plugins whose job Serval does without them.
+    BUILT_IN_PLUGINS = %w[systemd].freeze
+
+    # What later calls are recorded as in sources (the CLI sets it per flag).
+    attr_accessor :source
+
+    # options:      the hash calls write into
+    # warn:         callable receiving warning lines
+    # sources:      a hash that gets key => source for every key written
+    # default_host: the host `port N` binds (Puma's handler passes Rails's Host)
+    def initialize(options, warn, sources: nil, source: nil, default_host: nil)
       @options = options
       @warn = warn
+      @sources = sources
+      @source = source
+      @default_host = default_host
     end
 
     # Evaluates a config file; errors are re-raised as ConfigError with the
@@ -66,7 +80,7 @@ module Serval
       uri = Configuration.string(:bind, uri)
       require "serval/binder"
       Binder.parse(uri)
-      (@options[:binds] ||= []) << uri
+      store(:binds, [*@options[:binds], uri], accumulate: true)
     end
 
     # Puma's ssl_bind(host, port, opts): the same as bind "ssl://host:port?cert=..&key=..".
@@ -87,12 +101,12 @@ module Serval
     end
 
     def clear_binds!
-      @options[:binds] = []
+      store(:binds, [])
     end
 
     def port(port, host = nil)
       port = Configuration.range(:port, Configuration.int(:port, port), 0, 65_535)
-      host = host.nil? ? DEFAULT_HOST : Configuration.string(:port, host)
+      host = host.nil? ? @default_host || DEFAULT_HOST : Configuration.string(:port, host)
       host = "[#{host}]" if host.include?(":") && !host.start_with?("[")
       bind("tcp://#{host}:#{port}")
     end
@@ -102,8 +116,8 @@ module Serval
       max = Configuration.coerce(:max_threads, max, name: "threads: max")
       raise ConfigError, "threads: min (#{min}) must be <= max (#{max})" if min > max
 
-      @options[:min_threads] = min
-      @options[:max_threads] = max
+      store(:min_threads, min)
+      store(:max_threads, max)
     end
 
     def log_requests(value = true)
@@ -125,6 +139,29 @@ module Serval
 
     def early_hints(value = true)
       set(:early_hints, value)
+    end
+
+    # Puma's `plugin :name`. tmp_restart runs (lib/serval/plugins.rb); systemd's
+    # job is built in; any other plugin is named in a warning and ignored.
+    def plugin(name)
+      name = Configuration.string(:plugin, name)
+      if Configuration::PLUGINS.include?(name)
+        store(:plugins, [*@options[:plugins], name].uniq, accumulate: true)
+      elsif !BUILT_IN_PLUGINS.include?(name)
+        @warn.call("serval: plugin `#{name}` is not supported and is ignored " \
+                   "(Serval runs: #{Configuration::PLUGINS.join(', ')}; systemd notification is built in)")
+      end
+      nil
+    end
+
+    # stdout/stderr flush on every write (on by default, as in Puma), so
+    # logs reach a pipe (Docker, systemd) at once.
+    def stdout_sync(value = true)
+      set(:stdout_sync, value)
+    end
+
+    def mutate_stdout_and_stderr_to_sync_on_write(value = true)
+      set(:stdout_sync, value, name: :mutate_stdout_and_stderr_to_sync_on_write)
     end
 
     # Per-request timing (docs/observability.md): on by default.
@@ -227,14 +264,25 @@ module Serval
     private
 
     def set(key, value, name: key)
-      @options[key] = Configuration.coerce(key, value, name: name)
+      store(key, Configuration.coerce(key, value, name: name))
     end
 
     def hook(key, name, callable)
       raise ConfigError, "#{name}: give a block" unless callable
 
       list = Configuration.coerce(key, [callable], name: name)
-      @options[key] = ((@options[key] || []) + list).freeze
+      store(key, ((@options[key] || []) + list).freeze, accumulate: true)
+    end
+
+    # The one way values are written. accumulate: the value adds to what this
+    # layer already had, so both sources are named ("flag -b, flag -p").
+    def store(key, value, accumulate: false)
+      @options[key] = value
+      return value unless @sources && @source
+
+      old = @sources[key]
+      @sources[key] = accumulate && old && !old.split(", ").include?(@source) ? "#{old}, #{@source}" : @source
+      value
     end
 
     def unsupported(name)

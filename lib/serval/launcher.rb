@@ -40,16 +40,20 @@ module Serval
     end
 
     # The control app, metrics listener and state file (Serval::Control)
-    # start once booted and stop after the mode's own cleanup.
+    # and the plugins (Serval::Plugins) start once booted and stop after the
+    # mode's own cleanup.
     def run
+      Support.sync_output if options.fetch(:stdout_sync, true)
       require "serval/control"
       control = Control.after_boot(self) if Control.wanted?(options)
+      plugins = start_plugins
       status = @impl.run
       failure = control&.failure
       raise ConfigError, "control/metrics/state_path could not start: #{failure.message}" if failure
 
       status
     ensure
+      plugins&.each(&:stop)
       control&.stop
     end
 
@@ -77,14 +81,31 @@ module Serval
       @impl.enqueue(command)
     end
 
-    # Thread name => backtrace (Array of String) for every thread of this process.
-    def thread_backtraces
-      Support.thread_backtraces
+    private def start_plugins
+      return nil if options.fetch(:plugins, []).empty?
+
+      require "serval/plugins"
+      Plugins.start(self)
     end
+
+    # Single: thread name => backtrace (Array of String) for every thread;
+    # cluster: the master's and each worker's (Cluster#thread_backtraces).
+    def thread_backtraces = @impl.thread_backtraces
+
+    # A GVL trace of this process, or in cluster mode of every worker merged,
+    # as Chrome trace-event JSON text; NotImplementedError before Ruby 3.2.
+    def gvl_trace(seconds) = @impl.gvl_trace(seconds)
 
     # Helpers shared by Single and Cluster (the process that supervises).
     module Support
       module_function
+
+      # Every write to stdout/stderr reaches the pipe or file at once (Puma
+      # does the same): without it an app's log lines on a pipe (Docker,
+      # systemd) wait in Ruby's buffer until it fills or the process exits.
+      def sync_output
+        [$stdout, $stderr, STDOUT, STDERR].uniq.each { |io| io.sync = true unless io.closed? } # rubocop:disable Style/GlobalStdStream
+      end
 
       def thread_backtraces
         Thread.list.each_with_index.to_h do |thread, i|

@@ -30,6 +30,21 @@ module Serval
       phase: ["serval_phase", :gauge, "Current phase (incremented by each phased restart)"]
     }.freeze
 
+    # stat key holding an Array of Hashes, one per named thing => [metric
+    # prefix, label for its :name, {field => [type, help]}]. Fields not listed
+    # become gauges "<prefix>_<field>"; an unknown list renders as
+    # "serval_<key>_<field>{name="..."}".
+    LISTS = {
+      db_pools: ["serval_db_pool", :pool, {
+        size: [:gauge, "Connections the Active Record pool may hold"],
+        connections: [:gauge, "Connections the pool has opened"],
+        busy: [:gauge, "Connections checked out by a thread"],
+        idle: [:gauge, "Connections open and free"],
+        waiting: [:gauge, "Threads waiting for a connection"],
+        dead: [:gauge, "Connections held by threads that have died"]
+      }]
+    }.freeze
+
     # Per-worker figures taken from worker_status entries (not last_status).
     WORKER = {
       booted: ["serval_worker_booted", :gauge, "1 when the worker has booted"],
@@ -60,12 +75,28 @@ module Serval
     def add_stats(families, stats, labels)
       stats.each do |key, value|
         next if key == :timing || key == :worker_status
+        next add_list(families, key, value, labels) if value.is_a?(Array)
         next unless value.is_a?(Numeric)
 
         name, type, help = STATS[key] || ["serval_#{sanitize(key)}", :gauge, "Serval stat #{key}"]
         add(families, name, type, help, labels, value)
       end
       (stats[:timing] || {}).each { |key, entry| add_timing(families, key, entry, labels) }
+    end
+
+    def add_list(families, key, entries, labels)
+      prefix, label, fields = LISTS[key] || ["serval_#{sanitize(key)}", :name, {}]
+      entries.each do |entry|
+        next unless entry.is_a?(Hash) && entry.key?(:name)
+
+        entry_labels = labels.merge(label => entry[:name])
+        entry.each do |field, value|
+          next if field == :name || !value.is_a?(Numeric)
+
+          type, help = fields[field] || [:gauge, "Serval stat #{key} #{field}"]
+          add(families, "#{prefix}_#{sanitize(field)}", type, help, entry_labels, value)
+        end
+      end
     end
 
     def add_worker(families, worker, labels, now)

@@ -5,7 +5,8 @@ require "serval/stream"
 module Serval
   # Writes a Rack response through a native Request: Array bodies with a
   # content-length, to_path bodies with sendfile, other enumerables chunked
-  # (HTTP/1.1) or until close (HTTP/1.0), streaming bodies through a Stream,
+  # (HTTP/1.1) or until close (HTTP/1.0) with every chunk sent as it is
+  # yielded, streaming bodies through a Stream (each write sent at once),
   # and partial hijack (a rack.hijack response header).
   class ResponseWriter
     HIJACK = "rack.hijack"
@@ -22,7 +23,7 @@ module Serval
       elsif body.respond_to?(:to_path) && (path = sendable(body, headers))
         write_file(request, status, headers, path)
       elsif body.respond_to?(:each)
-        request.write_head(status, headers, nil) && body.each { |chunk| request.write(chunk) }
+        write_each(request, status, headers, body)
       elsif body.respond_to?(:call)
         write_stream(request, env, status, headers, body)
       else
@@ -40,16 +41,33 @@ module Serval
       body.each { |chunk| request.write(chunk) }
     end
 
+    # An enumerable of unknown length is streamed: the head goes out at once
+    # and every chunk reaches the socket when the body yields it (Server-Sent
+    # Events, ActionController::Live), not when the output buffer fills.
+    def write_each(request, status, headers, body)
+      return unless request.write_head(status, headers, nil)
+
+      request.flush
+      body.each { |chunk| request.stream_write(chunk) }
+    end
+
     # The file may be sent with sendfile when it is a regular file and the
     # application did not declare a different length (a Range response).
+    # to_path may return a Pathname (Rails' send_file(Rails.root.join(...))).
     def sendable(body, headers)
-      path = body.to_path
-      return nil unless path.is_a?(String) && File.file?(path)
+      path = file_path(body.to_path)
+      return nil unless path && File.file?(path)
 
       declared = headers[CONTENT_LENGTH]
       return nil if declared && declared.to_s != File.size(path).to_s
 
       path
+    end
+
+    def file_path(value)
+      value.is_a?(String) ? value : File.path(value)
+    rescue TypeError
+      nil
     end
 
     def write_file(request, status, headers, path)
@@ -61,6 +79,7 @@ module Serval
 
     def write_stream(request, env, status, headers, body)
       request.write_head(status, headers, nil)
+      request.flush
       stream = Stream.new(request, env["rack.input"])
       body.call(stream)
     end

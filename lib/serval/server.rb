@@ -3,10 +3,11 @@
 require "socket"
 require "serval/version"
 require "serval/errors"
-require "serval/serval_ext"
+require "serval/native_ext"
 require "serval/thread_pool"
 require "serval/request_handler"
 require "serval/error_responder"
+require "serval/error_log"
 
 module Serval
   # One serving process: the native I/O core plus the Ruby thread pool.
@@ -27,6 +28,7 @@ module Serval
       @thread_pool = ThreadPool.new(@core, min: options[:min_threads], max: options[:max_threads],
                                            idle_timeout: options[:thread_idle_timeout],
                                            log_writer: log_writer) { |req| @handler.call(req) }
+      @error_log = ErrorLog.new(@core, log_writer, limit: options[:error_log_limit])
       @listeners = []
       @state = :new
       @mutex = Mutex.new
@@ -44,6 +46,7 @@ module Serval
     def run
       @handler.timing&.enable # the GVL hook, once per process (again after fork)
       @core.start
+      @error_log.start
       @thread_pool.start
       @state = :running
       self
@@ -62,6 +65,7 @@ module Serval
         @log_writer.error("serval: #{stragglers.size} request(s) still running after #{timeout}s, stopping them")
         @thread_pool.kill
       end
+      @error_log.stop
       mark_stopped
     end
 
@@ -71,6 +75,7 @@ module Serval
       @thread_pool.stop
       @core.shutdown(0)
       @thread_pool.kill unless @thread_pool.join(now + 1).empty?
+      @error_log.stop
       mark_stopped
     end
 

@@ -3,6 +3,7 @@
 require "serval/launcher"
 require "serval/systemd"
 require "serval/boot_state"
+require "serval/boot_report"
 
 module Serval
   # Single mode: one process loads the app, binds, runs the Server and then
@@ -43,11 +44,22 @@ module Serval
       @binder ? @binder.urls : []
     end
 
+    # Everything Server#stats reports (the figures a cluster worker sends with
+    # its check-in), plus when this process booted.
     def stats
-      { started_at: @started_at }.merge(@server ? @server.stats.slice(*STAT_KEYS) : {})
+      { started_at: @started_at }.merge(@server ? @server.stats : {})
     end
 
-    STAT_KEYS = %i[backlog running pool_capacity busy_threads max_threads requests_count].freeze
+    # This process's GVL timeline as Chrome trace-event JSON text.
+    def gvl_trace(seconds)
+      require "json"
+      require "serval/gvl_trace"
+      JSON.generate(GVLTrace.record(seconds))
+    end
+
+    def thread_backtraces
+      Launcher::Support.thread_backtraces
+    end
 
     private
 
@@ -56,8 +68,7 @@ module Serval
       Dir.chdir(@options[:directory]) if @options[:directory]
       ENV["RACK_ENV"] = @options[:environment]
       @log_writer.info("Serval #{VERSION} (ruby #{RUBY_VERSION}-p#{RUBY_PATCHLEVEL}) starting in single mode")
-      @log_writer.info("* Environment: #{@options[:environment]}")
-      @log_writer.info("* Threads: #{@options[:min_threads]}..#{@options[:max_threads]}")
+      BootReport.lines(@options).each { |line| @log_writer.info(line) }
       @app ||= Launcher::Support.load_app(@options[:rackup])
       @binder = Binder.new(backlog: @options[:backlog], log_writer: @log_writer)
       @binder.bind(@options[:binds])

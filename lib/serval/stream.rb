@@ -2,7 +2,8 @@
 
 module Serval
   # The stream handed to a Rack 3 streaming body (one that responds to #call).
-  # Writes go through the native core (chunked on HTTP/1.1); reads come from
+  # Writes go through the native core (chunked on HTTP/1.1), each sent to the
+  # socket when it is made; reads come from
   # the request body. The response ends when the body's #call returns.
   class Stream
     def initialize(request, input)
@@ -14,8 +15,9 @@ module Serval
     def write(chunk)
       raise IOError, "stream closed" if @closed
 
-      @request.write(chunk.to_s)
-      chunk.to_s.bytesize
+      data = chunk.to_s
+      @request.stream_write(data)
+      data.bytesize
     end
 
     def <<(chunk)
@@ -31,7 +33,10 @@ module Serval
       @input.readpartial(*args)
     end
 
+    # Writes are sent as they are made; flush waits until the client's
+    # socket has taken everything (bounded by write_timeout).
     def flush
+      @request.flush unless @closed
       self
     end
 

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require "serval/serval_ext"
+require "serval/native_ext"
 
 module Serval
   # Where one request's time went, in seconds: env["serval.timing"], complete
@@ -25,15 +25,16 @@ module Serval
         run: run, idle: idle, stall: stall, wait: wait }
     end
 
-    # The access-log fields, in milliseconds.
+    # The access-log fields, in milliseconds; upstream= only with a proxy's stamp.
     def log_fields
-      if gvl_split?
-        format("queue=%.2f run=%.2f idle=%.2f stall=%.2f", queue * 1e3, run * 1e3, idle * 1e3, stall * 1e3)
-      elsif cpu
-        format("queue=%.2f cpu=%.2f wait=%.2f", queue * 1e3, cpu * 1e3, wait * 1e3)
-      else
-        format("queue=%.2f wall=%.2f", queue * 1e3, (wall || 0) * 1e3)
-      end
+      fields = if gvl_split?
+                 format("queue=%.2f run=%.2f idle=%.2f stall=%.2f", queue * 1e3, run * 1e3, idle * 1e3, stall * 1e3)
+               elsif cpu
+                 format("queue=%.2f cpu=%.2f wait=%.2f", queue * 1e3, cpu * 1e3, wait * 1e3)
+               else
+                 format("queue=%.2f wall=%.2f", queue * 1e3, (wall || 0) * 1e3)
+               end
+      upstream_queue ? format("%s upstream=%.2f", fields, upstream_queue * 1e3) : fields
     end
 
     # X-Request-Start / X-Queue-Start as proxies send them: "t=" or not, in

@@ -2,24 +2,36 @@
 
 require "json"
 require "serval/launcher"
+require "serval/cluster/command_channel"
 
 module Serval
   class Cluster
     # One worker process, after fork: runs the hooks, starts its own Server
     # (native core and thread pool start here, never in the master), checks in
-    # with the master every worker_check_interval seconds with its stats, and
-    # stops gracefully on TERM or when the master's pipe reaches EOF.
+    # with the master every worker_check_interval seconds with its stats,
+    # answers the master's requests (CommandChannel) and stops gracefully on
+    # TERM or when the master's end of the command channel closes.
     class Worker
-      def initialize(index:, options:, app:, binder:, log_writer:, status_io:, life_io:)
+      def initialize(index:, options:, app:, binder:, log_writer:, status_io:, control_io:)
         @index = index
         @options = options
         @app = app
         @binder = binder
         @log_writer = log_writer
         @status_io = status_io
-        @life_io = life_io
+        @control_io = control_io
+        @responder = CommandChannel::Responder.new(control_io, COMMANDS, log_writer)
         @signals = Signals.new
       end
+
+      # What the master may ask (on a thread of the worker's own).
+      COMMANDS = {
+        trace: lambda do |request|
+          require "serval/gvl_trace"
+          CommandChannel::Bulk.new(*GVLTrace.record_part(request[:seconds], origin_ns: request[:origin_ns]))
+        end,
+        backtraces: ->(_request) { Launcher::Support.thread_backtraces }
+      }.freeze
 
       # Returns the exit status.
       def run
@@ -47,8 +59,8 @@ module Serval
         interval = @options[:worker_check_interval]
         next_checkin = Launcher::Support.now + interval
         loop do
-          ready, = IO.select([@signals.reader, @life_io], nil, nil, [next_checkin - Launcher::Support.now, 0].max)
-          if ready&.include?(@life_io) && master_gone?
+          ready, = IO.select([@signals.reader, @control_io], nil, nil, [next_checkin - Launcher::Support.now, 0].max)
+          if ready&.include?(@control_io) && !@responder.read
             @log_writer.info("- Worker #{@index} (PID: #{Process.pid}): master is gone, stopping")
             return stop
           end
@@ -67,12 +79,6 @@ module Serval
             next_checkin = Launcher::Support.now + interval
           end
         end
-      end
-
-      def master_gone?
-        @life_io.read_nonblock(1, exception: false).nil?
-      rescue IOError, SystemCallError
-        true
       end
 
       def stop

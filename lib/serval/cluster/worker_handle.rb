@@ -1,22 +1,25 @@
 # frozen_string_literal: true
 
 require "json"
+require "serval/cluster/command_channel"
 
 module Serval
   class Cluster
-    # The master's view of one worker process: its pipes, its last check-in
-    # (on the monotonic clock, for deadlines; wall clock for stats) and the
-    # Server#stats it sent with it.
+    # The master's view of one worker process: its status pipe and command
+    # channel (CommandChannel), its last check-in (on the monotonic clock, for
+    # deadlines; wall clock for stats) and the Server#stats it sent with it.
     class WorkerHandle
-      attr_reader :pid, :index, :phase, :spawned_at, :booted_at, :last_checkin_at, :last_status, :status_io, :life_io
+      attr_reader :pid, :index, :phase, :spawned_at, :booted_at, :last_checkin_at, :last_status, :status_io, :control_io,
+                  :replies
       attr_accessor :exit_status, :stop_sent_at
 
-      def initialize(pid:, index:, phase:, status_io:, life_io:, now:)
+      def initialize(pid:, index:, phase:, status_io:, control_io:, now:)
         @pid = pid
         @index = index
         @phase = phase
         @status_io = status_io
-        @life_io = life_io
+        @control_io = control_io
+        @replies = CommandChannel::Reader.new(control_io) # read by CommandChannel::Asker
         @spawned_at = now
         @started_at = Time.now.utc
         @booted_at = nil
@@ -72,7 +75,7 @@ module Serval
       end
 
       def close
-        [@status_io, @life_io].each { |io| io.close unless io.closed? }
+        [@status_io, @control_io].each { |io| io.close unless io.closed? }
       end
 
       def stats

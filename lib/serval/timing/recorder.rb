@@ -17,7 +17,9 @@ module Serval
         "run_seconds" => "Time a request held the GVL (Ruby < 3.2: thread CPU time, sampled requests)",
         "idle_seconds" => "Time a request neither held nor wanted the GVL: I/O, sleep " \
                           "(Ruby < 3.2: wall - CPU of sampled requests, I/O and GVL stall together)",
-        "stall_seconds" => "Time a request waited for the GVL (absent on Ruby < 3.2)"
+        "stall_seconds" => "Time a request waited for the GVL (absent on Ruby < 3.2)",
+        "request_upstream_queue_seconds" => "Time from the proxy's X-Request-Start / X-Queue-Start stamp " \
+                                            "to the app call (requests with the header)"
       }.freeze
       MIN_WINDOW = 1.0 # seconds; a read sooner than this reuses the last gauge values
 

@@ -1,0 +1,50 @@
+# frozen_string_literal: true
+
+require "serval/errors"
+
+module Serval
+  # The environment-variable layer of the configuration: above the defaults,
+  # below the config file and the command line (docs/configuration.md).
+  #
+  #   EnvConfig.read("WEB_CONCURRENCY" => "2", "RAILS_MAX_THREADS" => "3")
+  #   # => [{ workers: 2, max_threads: 3 }, { workers: "env WEB_CONCURRENCY", max_threads: "env RAILS_MAX_THREADS" }]
+  #
+  # A variable that is unset or blank is skipped; a bad value raises
+  # ConfigError naming the variable.
+  module EnvConfig
+    # option key => variables, the first one set wins. RAILS_* are what Rails
+    # apps set (database.yml sizes its pool with RAILS_MAX_THREADS); PUMA_* and
+    # the bare names are the ones Puma itself reads.
+    VARIABLES = {
+      workers: %w[WEB_CONCURRENCY],
+      max_threads: %w[RAILS_MAX_THREADS PUMA_MAX_THREADS MAX_THREADS],
+      min_threads: %w[RAILS_MIN_THREADS PUMA_MIN_THREADS MIN_THREADS],
+      environment: %w[APP_ENV RACK_ENV RAILS_ENV]
+    }.freeze
+
+    module_function
+
+    # Returns [options, sources].
+    def read(env = ENV)
+      require "serval/configuration"
+      options = {}
+      sources = {}
+      VARIABLES.each do |key, names|
+        name = names.find { |n| !env[n].to_s.strip.empty? }
+        next unless name
+
+        options[key] = coerce(key, name, env[name].strip)
+        sources[key] = "env #{name}"
+      end
+      [options, sources]
+    end
+
+    def coerce(key, name, raw)
+      Configuration.coerce(key, raw, name: name)
+    rescue ConfigError => e
+      raise unless e.message.include?(":auto")
+
+      raise ConfigError, "#{name}: expected a number of workers or auto, got #{raw.inspect}"
+    end
+  end
+end

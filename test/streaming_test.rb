@@ -1,0 +1,232 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require "pathname"
+require "tempfile"
+
+# Bodies of unknown length are streamed: each chunk reaches the client's
+# socket when the app yields it, before the app produces the next one. The
+# apps below wait for the test to have *received* chunk N before yielding
+# chunk N+1, so a server that held chunks back would never finish (the read
+# deadline fails the test instead of a timing threshold).
+class StreamingTest < Minitest::Test
+  READ_TIMEOUT = 5
+
+  # A counting handshake with a bounded wait (Queue#pop(timeout:) is Ruby
+  # 3.2+; the suite also runs on 3.1).
+  class Gate
+    def initialize
+      @mutex = Mutex.new
+      @cond = ConditionVariable.new
+      @count = 0
+    end
+
+    def push(_ = nil)
+      @mutex.synchronize do
+        @count += 1
+        @cond.broadcast
+      end
+    end
+
+    # true once a push is available (and takes it); false after seconds.
+    def pop(seconds = READ_TIMEOUT)
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+      @mutex.synchronize do
+        while @count.zero?
+          left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          return false if left <= 0
+
+          @cond.wait(@mutex, left)
+        end
+        @count -= 1
+        true
+      end
+    end
+  end
+
+  # Yields each chunk, then waits until the test says it arrived.
+  class GatedBody
+    def initialize(chunks, arrived)
+      @chunks = chunks
+      @arrived = arrived
+    end
+
+    def each
+      @chunks.each do |chunk|
+        yield chunk
+        @arrived.pop or raise "chunk #{chunk.inspect} never reached the client"
+      end
+    end
+  end
+
+  # A reader that accumulates what the socket has delivered so far.
+  class Wire
+    attr_reader :data
+
+    def initialize(port)
+      @socket = TCPSocket.new("127.0.0.1", port)
+      @data = +"".b
+    end
+
+    def write(bytes)
+      @socket.write(bytes)
+    end
+
+    # Reads until pattern is in what arrived; returns the time it did.
+    def wait_for(pattern)
+      deadline = now + READ_TIMEOUT
+      until @data.match?(pattern)
+        left = deadline - now
+        raise Minitest::Assertion, "#{pattern.inspect} did not arrive; got #{@data.inspect}" if left <= 0
+        next unless @socket.wait_readable(left)
+
+        chunk = @socket.read_nonblock(65_536, exception: false)
+        raise Minitest::Assertion, "closed before #{pattern.inspect}; got #{@data.inspect}" if chunk.nil?
+
+        @data << chunk if chunk.is_a?(String)
+      end
+      now
+    end
+
+    def close
+      @socket.close
+    end
+
+    def now
+      Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    end
+  end
+
+  def test_enumerable_chunks_reach_the_socket_before_the_next_is_made
+    arrived = Gate.new
+    app = ->(_env) { [200, { "content-type" => "text/event-stream" }, GatedBody.new(%w[one two three], arrived)] }
+    with_server(app) do |_server, port|
+      wire = Wire.new(port)
+      wire.write("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+      wire.wait_for(/\r\n\r\n/) # the head goes out before the first chunk
+      %w[one two three].each do |word|
+        wire.wait_for(/\r\n#{word}\r\n/)
+        arrived.push(word)
+      end
+      wire.wait_for(/0\r\n\r\n\z/)
+      assert_match(/transfer-encoding: chunked/i, wire.data)
+    ensure
+      wire&.close
+    end
+  end
+
+  def test_head_of_a_streamed_response_is_sent_before_the_body_yields
+    release = Gate.new
+    body = Enumerator.new do |y|
+      release.pop
+      y << "late"
+    end
+    app = ->(_env) { [200, { "content-type" => "text/plain" }, body] }
+    with_server(app, lint: false) do |_server, port|
+      wire = Wire.new(port)
+      wire.write("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+      wire.wait_for(%r{\AHTTP/1.1 200 OK\r\n.*\r\n\r\n}m)
+      refute_includes wire.data, "late"
+      release.push(true)
+      wire.wait_for(/late\r\n0\r\n\r\n\z/)
+    ensure
+      wire&.close
+    end
+  end
+
+  def test_rack3_stream_writes_reach_the_socket_as_they_are_made
+    arrived = Gate.new
+    body = lambda do |stream|
+      %w[alpha beta].each do |word|
+        stream.write(word)
+        arrived.pop or raise "#{word} never arrived"
+      end
+      stream << "gamma"
+      stream.flush
+      arrived.pop or raise "gamma never arrived"
+    ensure
+      stream.close
+    end
+    app = ->(_env) { [200, { "content-type" => "text/plain" }, body] }
+    with_server(app) do |_server, port|
+      wire = Wire.new(port)
+      wire.write("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+      %w[alpha beta gamma].each do |word|
+        wire.wait_for(/\r\n#{word}\r\n/)
+        arrived.push(word)
+      end
+      wire.wait_for(/0\r\n\r\n\z/)
+    ensure
+      wire&.close
+    end
+  end
+
+  # The spacing the client sees follows the app's: chunks made 0.2 s apart
+  # arrive spread out (buffered, they would arrive together at the end).
+  # Only a lower bound: a busy machine can spread them more, never less.
+  def test_arrival_spacing_follows_the_app
+    body = Enumerator.new do |y|
+      3.times do |i|
+        sleep 0.2 if i.positive?
+        y << "tick#{i}\n"
+      end
+    end
+    app = ->(_env) { [200, { "content-type" => "text/plain" }, body] }
+    with_server(app, lint: false) do |_server, port|
+      wire = Wire.new(port)
+      wire.write("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+      times = (0..2).map { |i| wire.wait_for(/tick#{i}\n/) }
+      assert_operator times[1] - times[0], :>=, 0.15, "tick1 arrived with tick0"
+      assert_operator times[2] - times[1], :>=, 0.15, "tick2 arrived with tick1"
+    ensure
+      wire&.close
+    end
+  end
+
+  def test_streamed_http10_response_is_delimited_by_close_and_still_prompt
+    arrived = Gate.new
+    app = ->(_env) { [200, { "content-type" => "text/plain" }, GatedBody.new(%w[first second], arrived)] }
+    with_server(app) do |_server, port|
+      wire = Wire.new(port)
+      wire.write("GET / HTTP/1.0\r\n\r\n")
+      wire.wait_for(/\r\n\r\nfirst\z/)
+      arrived.push(1)
+      wire.wait_for(/firstsecond\z/)
+      arrived.push(2)
+    ensure
+      wire&.close
+    end
+  end
+
+  # send_file(Rails.root.join(...)): to_path returns a Pathname.
+  class PathnameBody
+    def initialize(path)
+      @path = Pathname.new(path)
+    end
+
+    def to_path
+      @path
+    end
+
+    def each
+      raise "each called: the Pathname was not sent with sendfile"
+    end
+  end
+
+  def test_to_path_returning_a_pathname_takes_the_sendfile_path
+    data = Random.new(7).bytes(300_000)
+    Tempfile.create("serval-pathname") do |file|
+      file.binmode
+      file.write(data)
+      file.flush
+      app = ->(_env) { [200, { "content-type" => "application/octet-stream" }, PathnameBody.new(file.path)] }
+      with_server(app) do |_server, port|
+        raw = raw_request(port, "GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        head, body = raw.split("\r\n\r\n", 2)
+        assert_match(/\r\ncontent-length: 300000\r\n/i, head)
+        refute_match(/transfer-encoding/i, head)
+        assert_equal data, body
+      end
+    end
+  end
+end
