@@ -54,7 +54,8 @@ step "examples/rails bundle"
 step "examples/rails database (production)"
 SECRET_KEY_BASE="${SECRET_KEY_BASE:-$(ruby -rsecurerandom -e 'print SecureRandom.hex(64)')}"
 export SECRET_KEY_BASE
-(cd examples/rails && RAILS_ENV=production bin/rails db:prepare)
+# db:seed too: idempotent, and an existing database gets its 10 rows for /db.
+(cd examples/rails && RAILS_ENV=production bin/rails db:prepare db:seed)
 
 if [ "$what" = setup ]; then
   step "setup done"
