@@ -1,0 +1,15 @@
+Rails.application.routes.draw do
+  resources :posts
+  resources :documents, only: %i[ new create destroy ]
+  get "stream" => "streams#show"
+  get "download" => "downloads#show"
+  get "download/info" => "downloads#info"
+  get "plain" => "pages#plain"
+  get "db" => "pages#db"
+  get "cpu" => "pages#cpu"
+
+  # 200 when the app booted (load balancers, bench/run's readiness check)
+  get "up" => "rails/health#show", as: :rails_health_check
+
+  root "posts#index"
+end
