@@ -31,7 +31,7 @@ module Serval
         quota, qsource = cpu_quota
         affinity = affinity_cpus
         usable = quota ? [quota, affinity].min : affinity.to_f
-        source = quota && quota < affinity ? qsource : "affinity (#{affinity} CPUs)"
+        source = quota && quota < affinity ? qsource : "sched affinity (Cpus_allowed_list: #{affinity})"
         { usable: usable, quota: quota, affinity: affinity, source: source }
       end
 

@@ -93,7 +93,7 @@ module Serval
           amdahl: { io_share: (1 - share).round(4), pick: Amdahl.pick(1 - share),
                     table: Amdahl.table(1 - share, max: sweep.rows.size) },
           gvl_ceiling: GvlCeiling.call(workload.mean_run, workload.mean_io),
-          pool: pool, database: db, machine: procs, measured: measured(sim),
+          pool: pool, database: db, machine: procs, measured: measured(sim, sweep),
           capacity: @target && Capacity.plan(sim, target_rps: Float(@target), threads: threads, max_rps: chosen.rps,
                                                   processes: procs[:processes], utilization: @s[:target_utilization],
                                                   rng: Random.new(@s[:seed] + 2))
@@ -143,7 +143,7 @@ module Serval
 
       # What the window itself says at the running thread count, and the
       # model's figure for the same load (when the window's rate is known).
-      def measured(sim)
+      def measured(sim, sweep)
         w = @window
         out = { threads: w.max_threads, stall_mean: w.mean(:stall)&.round(6),
                 pool_wait_mean: w.mean(:pool_wait)&.round(6), wall_p50: w.quantile(:wall, 0.5)&.round(6),
@@ -151,8 +151,14 @@ module Serval
         if w.seconds&.positive? && w.max_threads
           rate = w.requests / w.seconds
           out[:rate] = rate.round(2)
-          out[:predicted_stall_mean] = sim.open(w.max_threads, rate: rate, rng: Random.new(@s[:seed] + 3))
-                                          .stall_mean.round(6)
+          if rate < sweep.at(w.max_threads).rps
+            out[:predicted_stall_mean] = sim.open(w.max_threads, rate: rate, rng: Random.new(@s[:seed] + 3))
+                                            .stall_mean.round(6)
+          else
+            @warnings << format("the window's rate (%.1f req/s) is above what the model gives %d threads " \
+                                "(%.1f req/s): the measured figures and the model disagree", rate, w.max_threads,
+                                sweep.at(w.max_threads).rps)
+          end
         end
         out
       end

@@ -7,7 +7,9 @@ module Serval
     # A discrete-event model of one Ruby process serving requests.
     #
     # - The GVL is one server, granted in the order threads asked for it
-    #   (FIFO). A thread holding it for a CPU segment keeps it until the
+    #   (order: :fifo), or to any one of the threads waiting when it comes
+    #   free (order: :random: a woken waiter can lose the GVL to a thread
+    #   that arrives while it is being scheduled). A thread holding it for a CPU segment keeps it until the
     #   segment ends, unless the segment outlasts the time slice (`quantum`,
     #   Ruby's 100 ms) while another thread waits: then, at the end of the
     #   slice, it goes to the back of the line with the rest of its segment.
@@ -27,25 +29,32 @@ module Serval
     # results are reproducible.
     #
     # The loop needs no event heap: GVL grants happen in time order, so the
-    # next event is always "the thread that asked first gets the GVL", and
-    # pool checkouts, which follow GVL releases, are also in time order.
+    # next event is always "a thread that is waiting gets the GVL" (the one
+    # that asked first, or a random waiter), and pool checkouts, which follow
+    # GVL releases, are also in time order.
     class Simulation
       QUANTUM = 0.1
 
       Result = Struct.new(:threads, :requests, :rps, :latency_p50, :latency_p99, :wall_p50, :wall_p99,
-                          :stall_mean, :stall_p95, :pool_wait_mean, :queue_mean, :gvl_busy, keyword_init: true) do
+                          :stall_mean, :stall_p95, :stall_max, :pool_wait_mean, :queue_mean, :gvl_busy, keyword_init: true) do
         def to_h = super.transform_values { |v| v.is_a?(Float) ? v.round(6) : v }
       end
 
       attr_reader :profiles
 
-      def initialize(profiles, quantum: QUANTUM, pool: nil)
+      ORDERS = %i[fifo random].freeze
+
+      def initialize(profiles, quantum: QUANTUM, pool: nil, order: :fifo, seed: 1)
         raise ArgumentError, "no request profiles" if profiles.empty?
         raise ArgumentError, "quantum must be > 0" unless quantum.positive?
         raise ArgumentError, "pool must be an Integer >= 1" unless pool.nil? || (pool.is_a?(Integer) && pool >= 1)
 
+        raise ArgumentError, "order is one of #{ORDERS.join(', ')}" unless ORDERS.include?(order)
+
         @profiles = profiles
         @quantum = quantum
+        @order = order
+        @seed = seed
         @pool = pool
       end
 
@@ -91,31 +100,31 @@ module Serval
         nxt = 0
         gvl_free = 0.0
         busy = 0.0
+        pick = @order == :random && Random.new(@seed)
 
-        take = lambda do |i, now|
-          if nxt >= n
-            ready[i] = inf
-            return
-          end
-          arr = arrivals ? arrivals[nxt] : now
-          start = arr > now ? arr : now
+        threads.times do |i|
+          break if nxt >= n
+
+          arr = arrivals ? arrivals[nxt] : 0.0
           prof[i] = @profiles[nxt]
-          nxt += 1
-          seg[i] = 0
           rem[i] = prof[i][0]
-          arrived[i] = arr
-          began[i] = start
-          stall[i] = 0.0
-          pwait[i] = 0.0
-          ready[i] = start
+          arrived[i] = began[i] = ready[i] = arr
+          nxt += 1
         end
-        threads.times { |i| take.call(i, 0.0) }
 
         loop do
           t = ready.min
           break if t == inf
 
           i = ready.index(t)
+          if pick && t < gvl_free
+            waiting = []
+            ready.each_with_index { |r, j| waiting << j if r <= gvl_free }
+            if waiting.size > 1
+              i = waiting[pick.rand(waiting.size)]
+              t = ready[i]
+            end
+          end
           start = gvl_free > t ? gvl_free : t
           stall[i] += start - t
           c = rem[i]
@@ -146,7 +155,18 @@ module Serval
             out[:stall] << stall[i]
             out[:pool_wait] << pwait[i]
             out[:queue] << (began[i] - arrived[i])
-            take.call(i, gvl_free)
+            if nxt < n # the thread takes the next request: at once, or when it arrives
+              arr = arrivals ? arrivals[nxt] : gvl_free
+              prof[i] = p = @profiles[nxt]
+              nxt += 1
+              seg[i] = 0
+              rem[i] = p[0]
+              arrived[i] = arr
+              began[i] = ready[i] = arr > gvl_free ? arr : gvl_free
+              stall[i] = pwait[i] = 0.0
+            else
+              ready[i] = inf
+            end
           else
             io = p[s]
             if pool
@@ -183,7 +203,7 @@ module Serval
         Result.new(threads: threads, requests: lat.size, rps: rps,
                    latency_p50: Advice.quantile(lat, 0.5), latency_p99: Advice.quantile(lat, 0.99),
                    wall_p50: Advice.quantile(wall, 0.5), wall_p99: Advice.quantile(wall, 0.99),
-                   stall_mean: mean.call(st), stall_p95: Advice.quantile(st, 0.95),
+                   stall_mean: mean.call(st), stall_p95: Advice.quantile(st, 0.95), stall_max: st.last,
                    pool_wait_mean: mean.call(out[:pool_wait][from..to]), queue_mean: mean.call(out[:queue][from..to]),
                    gvl_busy: finished[-1].positive? ? busy / finished[-1] : 0.0)
       end
