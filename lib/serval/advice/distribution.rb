@@ -43,8 +43,11 @@ module Serval
       # feeding the model with a configured workload.
       def self.constant(value) = new([Float(value)])
 
+      # (The n draws are scaled so their mean is exactly `mean`.)
       def self.exponential(mean, rng: Random.new(1), n: 4096)
-        new(Array.new(n) { -Math.log(1.0 - rng.rand) * mean })
+        draws = Array.new(n) { -Math.log(1.0 - rng.rand) }
+        scale = mean * n / draws.sum
+        new(draws.map { |d| d * scale })
       end
 
       def initialize(samples, bounds: nil, counts: nil, sum: nil)

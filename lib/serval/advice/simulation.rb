@@ -81,7 +81,6 @@ module Serval
         threads
       end
 
-      # rubocop:disable Metrics/AbcSize, Metrics/MethodLength
       def play(threads, arrivals)
         n = @profiles.size
         inf = Float::INFINITY
@@ -184,7 +183,6 @@ module Serval
         end
         summarize(threads, finished, out, busy)
       end
-      # rubocop:enable Metrics/AbcSize, Metrics/MethodLength
 
       # Figures over the steady part: the first tenth of the requests warm up
       # (threads start in step), the last `threads` drain with fewer clients.
