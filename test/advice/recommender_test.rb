@@ -116,9 +116,29 @@ class AdviceRecommenderTest < Minitest::Test
     assert_in_delta 0.35, r[:cpu_share], 0.02
     assert_includes 4..6, r[:threads]
     assert_equal A::Recommender::RUBY31, r[:warnings].first
+    assert_equal r[:threads], advise(ruby31_window(1).merge(gvl_split: 0))[:threads] # the stats' gauge
     short = advise(ruby31_window(1).merge(requests: 10))
     refute short[:enough_data]
     assert_includes short[:warnings], A::Recommender::RUBY31
+  end
+
+  def test_ruby31_stall_is_estimated_from_the_windows_load
+    # a 3.1 window recorded at 4 threads and 100 req/s: wall - cpu holds the
+    # I/O plus the stall the model predicts for that load
+    rng = Random.new(3)
+    pairs = Array.new(3000) { [self.class.exp(rng, 0.007), self.class.exp(rng, 0.013)] }
+    stall = A::Simulation.new(A::Workload.new(pairs: pairs).profiles(20_000, Random.new(1))).open(4, rate: 100).stall_mean
+    samples = pairs.map { |r, i| { cpu: r, wall: r + i + stall } }
+    win = { requests: 6000, seconds: 60.0, max_threads: 4, gvl_split: false, samples: samples }
+    truth = advise({ requests: 6000, samples: pairs.map { |r, i| { run: r, idle: i } } })
+    raw = advise(win.merge(seconds: nil))
+    corrected = advise(win)
+    assert_operator raw[:threads], :>=, truth[:threads] + 2 # the stall taken for I/O asks for more threads
+    assert_in_delta truth[:threads], corrected[:threads], 1
+    assert_in_delta truth[:cpu_share], corrected[:cpu_share], 0.03
+    assert_in_delta stall, corrected[:workload][:estimated_stall], stall * 0.3
+    assert_equal A::Recommender::RUBY31, corrected[:warnings].first
+    assert(corrected[:reasons].any? { |r| r.start_with?("Ruby 3.1: the model puts") })
   end
 
   def test_pool_binds

@@ -102,5 +102,18 @@ module Serval
         @scale = natural.positive? && sum ? @mean / natural : 1.0
       end
     end
+
+    # A Distribution whose draws are multiplied by a factor.
+    class ScaledDistribution
+      def initialize(dist, factor)
+        @dist = dist
+        @factor = factor
+      end
+
+      def mean = @dist.mean * @factor
+      def count = @dist.count
+      def draw(rng) = @dist.draw(rng) * @factor
+      def quantile(q) = @dist.quantile(q) * @factor
+    end
   end
 end

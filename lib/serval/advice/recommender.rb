@@ -68,7 +68,7 @@ module Serval
       end
 
       def decide
-        workload = @window.workload
+        workload = ruby31_corrected(@window.workload)
         profiles = workload.profiles(@s[:sim_requests], Random.new(@s[:seed]))
         sim = Simulation.new(profiles, quantum: @s[:quantum])
         sweep = Sweep.new(sim, max: [@s[:sweep_max], @window.max_threads || 0].max, fraction: @s[:knee_fraction])
@@ -88,7 +88,8 @@ module Serval
           max_rps_per_process: chosen.rps.round(2), max_rps_per_machine: (chosen.rps * procs[:processes]).round(2),
           knee: knee, stall: { mean: chosen.stall_mean.round(6), p95: chosen.stall_p95.round(6) },
           workload: { mean_run: workload.mean_run.round(6), mean_io: workload.mean_io.round(6),
-                      io_waits: workload.io_waits, samples: @window.measured },
+                      io_waits: workload.io_waits, samples: @window.measured,
+                      estimated_stall: @estimated_stall&.round(6) },
           sweep: sweep.table, load: load_points(sim, threads, chosen.rps),
           amdahl: { io_share: (1 - share).round(4), pick: Amdahl.pick(1 - share),
                     table: Amdahl.table(1 - share, max: sweep.rows.size) },
@@ -100,6 +101,21 @@ module Serval
         )
         explain(result)
         result.merge(summary: summary(result))
+      end
+
+      # Ruby 3.1: take the model's estimate of the stall out of the waits,
+      # when the window's load is known.
+      def ruby31_corrected(workload)
+        w = @window
+        return workload if w.gvl_split? || !w.seconds&.positive? || !w.max_threads || w.max_threads < 2
+
+        corrected, stall = StallEstimate.call(workload, threads: w.max_threads, rate: w.requests / w.seconds,
+                                                        requests: [@s[:sim_requests] / 4, 2000].max, seed: @s[:seed])
+        @estimated_stall = stall
+        @reasons << format("Ruby 3.1: the model puts %.1f ms of each request's wait (wall - CPU) down to GVL stall " \
+                           "at %d threads and %.1f req/s, and counts the rest as I/O", stall * 1e3, w.max_threads,
+                           w.requests / w.seconds)
+        corrected
       end
 
       # The articles' last step: fewer threads while the stall is too long.

@@ -13,7 +13,7 @@ module Serval
     #     requests:    12_400,      # requests completed in the window (all, not only sampled)
     #     seconds:     60.0,        # optional: the window's length
     #     max_threads: 5,           # the running thread count
-    #     gvl_split:   true,        # Ruby >= 3.2: run / idle / stall measured by the GVL hook
+    #     gvl_split:   true,        # Ruby >= 3.2: run / idle / stall measured by the GVL hook (or 1 / 0)
     #     ruby:        "3.3.8",     # optional, for messages
     #     io_waits:    1,           # optional: idle periods per request (default 1)
     #     db_pools:    [{name: "primary", size: 5, ...}],  # optional, as in Server#stats
@@ -46,7 +46,7 @@ module Serval
         @requests = Integer(h[:requests] || samples_of(h).size)
         @max_threads = h[:max_threads] && Integer(h[:max_threads])
         @seconds = h[:seconds] && Float(h[:seconds])
-        @gvl_split = h.fetch(:gvl_split, true) ? true : false
+        @gvl_split = ![false, nil, 0, "0", "false"].include?(h.fetch(:gvl_split, true)) # stats say 0 / 1
         @ruby = h[:ruby]&.to_s
         @io_waits = Integer(h[:io_waits] || 1)
         @pools = Array(h[:db_pools]).map { |p| { name: p[:name].to_s, size: Integer(p[:size]) } }
@@ -152,19 +152,6 @@ module Serval
         else obj
         end
       end
-    end
-
-    # A Distribution whose draws are multiplied by a factor.
-    class ScaledDistribution
-      def initialize(dist, factor)
-        @dist = dist
-        @factor = factor
-      end
-
-      def mean = @dist.mean * @factor
-      def count = @dist.count
-      def draw(rng) = @dist.draw(rng) * @factor
-      def quantile(q) = @dist.quantile(q) * @factor
     end
   end
 end

@@ -33,6 +33,15 @@ module Serval
         @split = split
       end
 
+      # The same requests with every wait multiplied by factor.
+      def scale_io(factor)
+        if @pairs
+          Workload.new(pairs: @pairs.map { |r, i| [r, i * factor] }, io_waits: @io_waits, split: @split)
+        else
+          Workload.new(run: @run, io: ScaledDistribution.new(@io, factor), io_waits: @io_waits, split: @split)
+        end
+      end
+
       # Mean seconds per request holding the GVL / waiting without it.
       def mean_run = @mean_run ||= @pairs ? @pairs.sum(&:first) / @pairs.size : @run.mean
       def mean_io = @mean_io ||= @pairs ? @pairs.sum(&:last) / @pairs.size : @io.mean
