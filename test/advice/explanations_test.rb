@@ -39,6 +39,11 @@ class AdviceExplanationsTest < Minitest::Test
     end
   end
 
+  def test_gvl_ceiling_without_run
+    assert_equal({ cpu_share: 0.0, max_rps: nil, threads: nil }, A::GvlCeiling.call(0.0, 0.02))
+    assert_raises(ArgumentError) { A::GvlCeiling.call(-0.001, 0.02) }
+  end
+
   def test_distribution_from_samples
     d = A::Distribution.from([0.001, 0.002, 0.003, 0.010])
     assert_in_delta 0.004, d.mean, 1e-12

@@ -249,6 +249,21 @@ class AdviceRecommenderTest < Minitest::Test
     assert_equal a, b
   end
 
+  def test_edge_workloads
+    cpu_only = advise(window(Array.new(2000) { { run: 0.01, idle: 0.0 } }))
+    assert_equal 1, cpu_only[:threads]
+    assert_in_delta 100.0, cpu_only[:max_rps_per_process], 0.5
+    assert_equal 1.0, cpu_only[:cpu_share]
+    io_only = advise(window(Array.new(2000) { { run: 0.0, idle: 0.01 } }))
+    assert_equal 16, io_only[:threads]
+    assert_nil io_only[:gvl_ceiling][:max_rps]
+    assert(io_only[:warnings].any? { |w| w.start_with?("throughput still grows at 16 threads") })
+    JSON.generate(io_only)
+    nothing = advise(window(Array.new(2000) { { run: 0.0, idle: 0.0 } }))
+    refute nothing[:enough_data]
+    assert_equal "the measured requests took no measurable time: nothing to model", nothing[:warnings].first
+  end
+
   def test_bad_input
     assert_raises(ArgumentError) { A.recommend(window([]), bogus: 1) }
     assert_raises(ArgumentError) { A.recommend(window(Array.new(200) { { wall: 0.01 } })) }

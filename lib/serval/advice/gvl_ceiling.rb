@@ -9,9 +9,10 @@ module Serval
     # I/O need more threads to get near it; the Simulation shows how many.
     module GvlCeiling
       # R = mean run + mean io of a request (seconds), f = run / R.
+      # Without measurable run the GVL sets no ceiling: max_rps and threads nil.
       def self.call(mean_run, mean_io)
-        raise ArgumentError, "mean run must be > 0" unless mean_run.positive?
-        raise ArgumentError, "mean io must be >= 0" if mean_io.negative?
+        raise ArgumentError, "mean run and io must be >= 0" if mean_run.negative? || mean_io.negative?
+        return { cpu_share: 0.0, max_rps: nil, threads: nil } unless mean_run.positive?
 
         share = mean_run / (mean_run + mean_io)
         { cpu_share: share.round(4), max_rps: (1.0 / mean_run).round(2),

@@ -69,12 +69,21 @@ module Serval
 
       def decide
         workload = ruby31_corrected(@window.workload)
+        unless (workload.mean_run + workload.mean_io).positive?
+          @warnings.unshift("the measured requests took no measurable time: nothing to model")
+          return base.merge(summary: "advice: #{@warnings.first}")
+        end
         profiles = workload.profiles(@s[:sim_requests], Random.new(@s[:seed]))
         sim = Simulation.new(profiles, quantum: @s[:quantum])
         sweep = Sweep.new(sim, max: [@s[:sweep_max], @window.max_threads || 0].max, fraction: @s[:knee_fraction])
         knee = sweep.knee
         @reasons << format("throughput levels off at %d threads: %.1f req/s, %d %% of the best simulated (%.1f)",
                            knee, sweep.at(knee).rps, (100 * sweep.at(knee).rps / sweep.best).floor, sweep.best)
+        if knee == sweep.rows.size && sweep.rows.size > 1
+          @warnings << format("throughput still grows at %d threads (%.1f req/s): the requests hardly use the " \
+                              "GVL; more threads would serve more, at the cost of memory and database " \
+                              "connections", knee, sweep.best)
+        end
         threads = stall_capped(sweep, knee)
         pool, threads = pool_capped(profiles, sweep, threads)
         chosen = sweep.at(threads)
@@ -181,7 +190,7 @@ module Serval
 
       def explain(r)
         g = r[:gvl_ceiling]
-        @reasons << format("the GVL caps one process at 1 / %.1f ms of run = %.1f req/s; Puma's rule would reach it " \
+        g[:max_rps] && @reasons << format("the GVL caps one process at 1 / %.1f ms of run = %.1f req/s; Puma's rule would reach it " \
                            "at ceil(1 / %.2f) = %d threads with constant service times", 1e3 / g[:max_rps],
                            g[:max_rps], r[:cpu_share], g[:threads])
         @reasons << format("Amdahl's law with I/O share %.2f would stop at %d threads (< 5 %% gain after); it " \
