@@ -1,0 +1,44 @@
+# frozen_string_literal: true
+
+require "serval/advice/quantile"
+require "serval/advice/distribution"
+require "serval/advice/workload"
+require "serval/advice/window"
+require "serval/advice/simulation"
+require "serval/advice/amdahl"
+require "serval/advice/gvl_ceiling"
+require "serval/advice/machine"
+require "serval/advice/sweep"
+require "serval/advice/stall_estimate"
+require "serval/advice/processes"
+require "serval/advice/database"
+require "serval/advice/capacity"
+require "serval/advice/recommender"
+
+module Serval
+  # Concurrency advice from measurement: how many threads per process,
+  # processes per machine, database connections and machines for a target,
+  # decided by simulating one process fed with the recorded per-request
+  # figures (see Window for the input, Recommender for the output, and
+  # docs/tuning.md for the method and its limits). Pure objects: no server,
+  # no clock, a seeded RNG - the same window gives the same advice.
+  module Advice
+    # Every limit the advice uses, in one place.
+    DEFAULTS = {
+      min_requests: 1000,       # fewer measured requests: no numbers, say how many are needed
+      knee_fraction: 0.95,      # the knee: fewest threads reaching this share of the sweep's best req/s
+      sweep_max: 16,            # thread counts simulated: 1..sweep_max
+      sim_requests: 20_000,     # requests simulated per point
+      seed: 1,
+      quantum: Simulation::QUANTUM,
+      memory_headroom: 0.2,     # share of the memory budget left free
+      target_utilization: 0.8,  # capacity plans run each process at this share of its max req/s
+      load_points: [0.5, 0.8]   # open-loop p50/p99 predicted at these shares of max req/s
+    }.freeze
+
+    # See Recommender#call for the result's shape.
+    def self.recommend(window, **options)
+      Recommender.new(window, **options).call
+    end
+  end
+end

@@ -1,0 +1,218 @@
+# frozen_string_literal: true
+
+module Serval
+  module Advice
+    # From a Window to a recommendation. #call returns a JSON-able Hash:
+    #
+    #   requests             requests in the window
+    #   needed               the minimum it takes (DEFAULTS[:min_requests])
+    #   enough_data          false: every figure below is nil, warnings say why
+    #   threads              max threads per process (the knee, capped by the pool)
+    #   processes            per machine (CPUs, bounded by memory)
+    #   cpu_share            mean run / (run + io) of a request (0..1)
+    #   max_rps_per_process  predicted closed-loop req/s at `threads`
+    #   max_rps_per_machine  x processes
+    #   knee                 the knee before the pool cap / stall limit
+    #   stall                predicted mean and p95 GVL stall per request at `threads`, saturated
+    #   sweep                one row per thread count: rps, gain, stall, wall p50/p99
+    #   load                 open-loop latency at DEFAULTS[:load_points] of max req/s
+    #   amdahl, gvl_ceiling  the articles' two rules, for explanation
+    #   pool, database, machine, capacity (with target_rps), measured
+    #   reasons, warnings    Arrays of sentences; summary: one line for the log
+    class Recommender
+      RUBY31 = "Ruby 3.1 has no GVL hook: run is the CPU time of sampled requests and idle is wall - CPU, " \
+               "which also holds the time spent waiting for the GVL; when requests stalled, this overstates " \
+               "I/O and so the threads advised. Ruby 3.2+ measures run, idle and stall apart."
+
+      def initialize(window, machine: nil, worker_bytes: nil, machines: 1, extra_connections: 0,
+                     db_max_connections: nil, target_rps: nil, stall_limit: nil, **settings)
+        unknown = settings.keys - DEFAULTS.keys
+        raise ArgumentError, "unknown advice option(s): #{unknown.join(', ')}" if unknown.any?
+
+        @window = window.is_a?(Window) ? window : Window.new(window)
+        @s = DEFAULTS.merge(settings)
+        @facts = machine.respond_to?(:to_h) ? machine.to_h.dup : {}
+        @facts[:worker_bytes] = worker_bytes if worker_bytes
+        @fleet = { machines: machines, extra_connections: extra_connections, max_connections: db_max_connections }
+        @target = target_rps
+        @stall_limit = stall_limit
+      end
+
+      def call
+        w = @window
+        @warnings = []
+        @reasons = []
+        @warnings << RUBY31 unless w.gvl_split?
+        return too_little if w.requests < @s[:min_requests] || w.measured < [@s[:min_requests] / 10, 1].max
+
+        decide
+      end
+
+      private
+
+      def base
+        { requests: @window.requests, needed: @s[:min_requests], enough_data: false, threads: nil, processes: nil,
+          cpu_share: nil, max_rps_per_process: nil, running_threads: @window.max_threads,
+          gvl_split: @window.gvl_split?, reasons: @reasons, warnings: @warnings }
+      end
+
+      def too_little
+        msg = if @window.requests < @s[:min_requests]
+                "#{@window.requests} requests measured, need #{@s[:min_requests]}"
+              else
+                "#{@window.measured} of #{@window.requests} requests carry run/idle figures, " \
+                  "need #{[@s[:min_requests] / 10, 1].max}"
+              end
+        @warnings.unshift(msg)
+        base.merge(summary: "advice: #{msg}")
+      end
+
+      def decide
+        workload = ruby31_corrected(@window.workload)
+        unless (workload.mean_run + workload.mean_io).positive?
+          @warnings.unshift("the measured requests took no measurable time: nothing to model")
+          return base.merge(summary: "advice: #{@warnings.first}")
+        end
+        profiles = workload.profiles(@s[:sim_requests], Random.new(@s[:seed]))
+        sim = Simulation.new(profiles, quantum: @s[:quantum])
+        sweep = Sweep.new(sim, max: [@s[:sweep_max], @window.max_threads || 0].max, fraction: @s[:knee_fraction])
+        knee = sweep.knee
+        @reasons << format("throughput levels off at %d threads: %.1f req/s, %d %% of the best simulated (%.1f)",
+                           knee, sweep.at(knee).rps, (100 * sweep.at(knee).rps / sweep.best).floor, sweep.best)
+        if knee == sweep.rows.size && sweep.rows.size > 1
+          @warnings << format("throughput still grows at %d threads (%.1f req/s): the requests hardly use the " \
+                              "GVL; more threads would serve more, at the cost of memory and database " \
+                              "connections", knee, sweep.best)
+        end
+        threads = stall_capped(sweep, knee)
+        pool, threads = pool_capped(profiles, sweep, threads)
+        chosen = sweep.at(threads)
+        procs = Processes.call(@facts, headroom: @s[:memory_headroom])
+        @warnings.concat(procs.delete(:warnings))
+        db = Database.call(threads: threads, processes: procs[:processes], **@fleet)
+        @warnings.concat(db.delete(:warnings))
+        share = workload.cpu_share
+        result = base.merge(
+          enough_data: true, threads: threads, processes: procs[:processes], cpu_share: share.round(4),
+          max_rps_per_process: chosen.rps.round(2), max_rps_per_machine: (chosen.rps * procs[:processes]).round(2),
+          knee: knee, stall: { mean: chosen.stall_mean.round(6), p95: chosen.stall_p95.round(6) },
+          workload: { mean_run: workload.mean_run.round(6), mean_io: workload.mean_io.round(6),
+                      io_waits: workload.io_waits, samples: @window.measured,
+                      estimated_stall: @estimated_stall&.round(6) },
+          sweep: sweep.table, load: load_points(sim, threads, chosen.rps),
+          amdahl: { io_share: (1 - share).round(4), pick: Amdahl.pick(1 - share),
+                    table: Amdahl.table(1 - share, max: sweep.rows.size) },
+          gvl_ceiling: GvlCeiling.call(workload.mean_run, workload.mean_io),
+          pool: pool, database: db, machine: procs, measured: measured(sim, sweep),
+          capacity: @target && Capacity.plan(sim, target_rps: Float(@target), threads: threads, max_rps: chosen.rps,
+                                                  processes: procs[:processes], utilization: @s[:target_utilization],
+                                                  rng: Random.new(@s[:seed] + 2))
+        )
+        explain(result)
+        result.merge(summary: summary(result))
+      end
+
+      # Ruby 3.1: take the model's estimate of the stall out of the waits,
+      # when the window's load is known.
+      def ruby31_corrected(workload)
+        w = @window
+        return workload if w.gvl_split? || !w.seconds&.positive? || !w.max_threads || w.max_threads < 2
+
+        corrected, stall = StallEstimate.call(workload, threads: w.max_threads, rate: w.requests / w.seconds,
+                                                        requests: [@s[:sim_requests] / 4, 2000].max, seed: @s[:seed])
+        @estimated_stall = stall
+        @reasons << format("Ruby 3.1: the model puts %.1f ms of each request's wait (wall - CPU) down to GVL stall " \
+                           "at %d threads and %.1f req/s, and counts the rest as I/O", stall * 1e3, w.max_threads,
+                           w.requests / w.seconds)
+        corrected
+      end
+
+      # The articles' last step: fewer threads while the stall is too long.
+      def stall_capped(sweep, threads)
+        return threads unless @stall_limit
+
+        threads -= 1 while threads > 1 && sweep.at(threads).stall_mean > @stall_limit
+        if threads < sweep.knee
+          @reasons << format("lowered to %d threads to keep the predicted mean stall under %.0f ms (%.1f ms)",
+                             threads, @stall_limit * 1e3, sweep.at(threads).stall_mean * 1e3)
+        end
+        threads
+      end
+
+      # Never more threads than the pool has connections: say so and show
+      # what the pool costs.
+      def pool_capped(profiles, sweep, threads)
+        pool = @window.pool
+        return [nil, threads] unless pool
+
+        info = { name: pool[:name], size: pool[:size], binds: threads > pool[:size] }
+        if info[:binds]
+          over = Simulation.new(profiles, quantum: @s[:quantum], pool: pool[:size]).closed(threads)
+          info[:pool_wait_if_unchanged] = over.pool_wait_mean.round(6)
+          @warnings << format(
+            "the database pool binds: pool %s has %d connections and the knee is %d threads, so %d threads " \
+            "(%.1f req/s). With pool %d: %.1f req/s. %d threads on %d connections would wait %.1f ms per " \
+            "request for a connection", pool[:name].inspect, pool[:size], threads, pool[:size],
+            sweep.at(pool[:size]).rps, threads, sweep.at(threads).rps, threads, pool[:size], over.pool_wait_mean * 1e3
+          )
+          threads = pool[:size]
+        end
+        [info, threads]
+      end
+
+      def load_points(sim, threads, max_rps)
+        @s[:load_points].map do |f|
+          Capacity.at(sim, threads: threads, rate: f * max_rps, rng: Random.new(@s[:seed] + 1)).merge(load: f)
+        end
+      end
+
+      # What the window itself says at the running thread count, and the
+      # model's figure for the same load (when the window's rate is known).
+      def measured(sim, sweep)
+        w = @window
+        out = { threads: w.max_threads, stall_mean: w.mean(:stall)&.round(6),
+                pool_wait_mean: w.mean(:pool_wait)&.round(6), wall_p50: w.quantile(:wall, 0.5)&.round(6),
+                wall_p99: w.quantile(:wall, 0.99)&.round(6), rate: nil, predicted_stall_mean: nil }
+        if w.seconds&.positive? && w.max_threads
+          rate = w.requests / w.seconds
+          out[:rate] = rate.round(2)
+          if rate < sweep.at(w.max_threads).rps
+            out[:predicted_stall_mean] = sim.open(w.max_threads, rate: rate, rng: Random.new(@s[:seed] + 3))
+                                            .stall_mean.round(6)
+          else
+            @warnings << format("the window's rate (%.1f req/s) is above what the model gives %d threads " \
+                                "(%.1f req/s): the measured figures and the model disagree", rate, w.max_threads,
+                                sweep.at(w.max_threads).rps)
+          end
+        end
+        out
+      end
+
+      def explain(r)
+        g = r[:gvl_ceiling]
+        g[:max_rps] && @reasons << format("the GVL caps one process at 1 / %.1f ms of run = %.1f req/s; Puma's rule would reach it " \
+                           "at ceil(1 / %.2f) = %d threads with constant service times", 1e3 / g[:max_rps],
+                           g[:max_rps], r[:cpu_share], g[:threads])
+        @reasons << format("Amdahl's law with I/O share %.2f would stop at %d threads (< 5 %% gain after); it " \
+                           "models one task, not independent requests", r[:amdahl][:io_share], r[:amdahl][:pick])
+        m = r[:machine]
+        @reasons << if m[:bound] == "memory"
+                      format("%d processes: memory holds %d workers of %d MiB (%s), fewer than %s CPUs",
+                             m[:processes], m[:by_memory], m[:worker_bytes] / 1_048_576, m[:memory_source], m[:cpus])
+                    elsif m[:cpus]
+                      format("%d processes: %s usable CPUs (%s)", m[:processes], m[:cpus], m[:cpu_source])
+                    else
+                      "1 process: the machine's CPUs are not known"
+                    end
+      end
+
+      def summary(r)
+        running = r[:running_threads] ? "; running #{r[:running_threads]} threads" : ""
+        stall = r[:measured][:stall_mean] ? format(", stall mean %.0f ms", r[:measured][:stall_mean] * 1e3) : ""
+        format("advice: %d threads x %d processes (cpu share %.2f from %s requests%s%s)",
+               r[:threads], r[:processes], r[:cpu_share], r[:requests].to_s.reverse.scan(/\d{1,3}/).join(",").reverse,
+               running, stall)
+      end
+    end
+  end
+end

@@ -1,0 +1,210 @@
+# frozen_string_literal: true
+
+require "serval/advice/quantile"
+
+module Serval
+  module Advice
+    # A discrete-event model of one Ruby process serving requests.
+    #
+    # - The GVL is one server, granted in the order threads asked for it
+    #   (order: :fifo), or to any one of the threads waiting when it comes
+    #   free (order: :random: a woken waiter can lose the GVL to a thread
+    #   that arrives while it is being scheduled). A thread holding it for a CPU segment keeps it until the
+    #   segment ends, unless the segment outlasts the time slice (`quantum`,
+    #   Ruby's 100 ms) while another thread waits: then, at the end of the
+    #   slice, it goes to the back of the line with the rest of its segment.
+    # - Between CPU segments a thread waits without the GVL (I/O, sleep, the
+    #   database). Waits do not contend with each other - except, with
+    #   `pool: P`, each wait needs one of P database connections, held for
+    #   the wait (Active Record 7.2+ leases a connection per query); a thread
+    #   that finds none free waits for the first to come back (pool_wait).
+    # - `threads` request threads. Closed loop (#closed): as many clients as
+    #   threads, no think time - the saturated throughput of that thread
+    #   count. Open loop (#open): Poisson arrivals at `rate`; a request waits
+    #   in the queue for a free thread.
+    #
+    # Profiles (from Workload#profiles) are [cpu, io, cpu, ..., cpu] seconds;
+    # every run replays the same profiles in the same order, so two thread
+    # counts are compared on the same requests (common random numbers) and
+    # results are reproducible.
+    #
+    # The loop needs no event heap: GVL grants happen in time order, so the
+    # next event is always "a thread that is waiting gets the GVL" (the one
+    # that asked first, or a random waiter), and pool checkouts, which follow
+    # GVL releases, are also in time order.
+    class Simulation
+      QUANTUM = 0.1
+
+      Result = Struct.new(:threads, :requests, :rps, :latency_p50, :latency_p99, :wall_p50, :wall_p99,
+                          :stall_mean, :stall_p95, :stall_max, :pool_wait_mean, :queue_mean, :gvl_busy, keyword_init: true) do
+        def to_h = super.transform_values { |v| v.is_a?(Float) ? v.round(6) : v }
+      end
+
+      attr_reader :profiles
+
+      ORDERS = %i[fifo random].freeze
+
+      def initialize(profiles, quantum: QUANTUM, pool: nil, order: :fifo, seed: 1)
+        raise ArgumentError, "no request profiles" if profiles.empty?
+        raise ArgumentError, "quantum must be > 0" unless quantum.positive?
+        raise ArgumentError, "pool must be an Integer >= 1" unless pool.nil? || (pool.is_a?(Integer) && pool >= 1)
+
+        raise ArgumentError, "order is one of #{ORDERS.join(', ')}" unless ORDERS.include?(order)
+
+        @profiles = profiles
+        @quantum = quantum
+        @order = order
+        @seed = seed
+        @pool = pool
+      end
+
+      # Saturated: `threads` clients, each sending its next request as soon
+      # as the previous one is answered.
+      def closed(threads)
+        play(check(threads), nil)
+      end
+
+      # Poisson arrivals at `rate` req/s (seeded by `rng`).
+      def open(threads, rate:, rng: Random.new(1))
+        raise ArgumentError, "rate must be > 0" unless rate.positive?
+
+        t = 0.0
+        arrivals = Array.new(@profiles.size) { t += -Math.log(1.0 - rng.rand) / rate }
+        play(check(threads), arrivals)
+      end
+
+      private
+
+      def check(threads)
+        raise ArgumentError, "threads must be an Integer >= 1" unless threads.is_a?(Integer) && threads >= 1
+
+        threads
+      end
+
+      def play(threads, arrivals)
+        n = @profiles.size
+        inf = Float::INFINITY
+        quantum = @quantum
+        ready = Array.new(threads, inf) # when each thread next asks for the GVL
+        prof = Array.new(threads)
+        seg = Array.new(threads, 0)
+        rem = Array.new(threads, 0.0)   # CPU left in the current segment
+        arrived = Array.new(threads, 0.0)
+        began = Array.new(threads, 0.0)
+        stall = Array.new(threads, 0.0)
+        pwait = Array.new(threads, 0.0)
+        pool = @pool && Array.new(@pool, 0.0)
+        finished = []
+        out = { latency: [], wall: [], stall: [], pool_wait: [], queue: [] }
+        nxt = 0
+        gvl_free = 0.0
+        busy = 0.0
+        pick = @order == :random && Random.new(@seed)
+
+        threads.times do |i|
+          break if nxt >= n
+
+          arr = arrivals ? arrivals[nxt] : 0.0
+          prof[i] = @profiles[nxt]
+          rem[i] = prof[i][0]
+          arrived[i] = began[i] = ready[i] = arr
+          nxt += 1
+        end
+
+        loop do
+          t = ready.min
+          break if t == inf
+
+          i = ready.index(t)
+          if pick && t < gvl_free
+            waiting = []
+            ready.each_with_index { |r, j| waiting << j if r <= gvl_free }
+            if waiting.size > 1
+              i = waiting[pick.rand(waiting.size)]
+              t = ready[i]
+            end
+          end
+          start = gvl_free > t ? gvl_free : t
+          stall[i] += start - t
+          c = rem[i]
+          if c > quantum
+            ready[i] = inf
+            other = ready.min
+            ready[i] = t
+            if other < start + c
+              k = other <= start ? 1 : ((other - start) / quantum).ceil
+              cut = start + (k * quantum)
+              if cut < start + c
+                busy += cut - start
+                gvl_free = cut
+                rem[i] = c - (cut - start)
+                ready[i] = cut
+                next
+              end
+            end
+          end
+          gvl_free = start + c
+          busy += c
+          s = seg[i] + 1
+          p = prof[i]
+          if s >= p.size
+            finished << gvl_free
+            out[:latency] << (gvl_free - arrived[i])
+            out[:wall] << (gvl_free - began[i])
+            out[:stall] << stall[i]
+            out[:pool_wait] << pwait[i]
+            out[:queue] << (began[i] - arrived[i])
+            if nxt < n # the thread takes the next request: at once, or when it arrives
+              arr = arrivals ? arrivals[nxt] : gvl_free
+              prof[i] = p = @profiles[nxt]
+              nxt += 1
+              seg[i] = 0
+              rem[i] = p[0]
+              arrived[i] = arr
+              began[i] = ready[i] = arr > gvl_free ? arr : gvl_free
+              stall[i] = pwait[i] = 0.0
+            else
+              ready[i] = inf
+            end
+          else
+            io = p[s]
+            if pool
+              k = pool.index(pool.min)
+              at = pool[k] > gvl_free ? pool[k] : gvl_free
+              pwait[i] += at - gvl_free
+              pool[k] = at + io
+              ready[i] = at + io
+            else
+              ready[i] = gvl_free + io
+            end
+            seg[i] = s + 1
+            rem[i] = p[s + 1]
+          end
+        end
+        summarize(threads, finished, out, busy)
+      end
+
+      # Figures over the steady part: the first tenth of the requests warm up
+      # (threads start in step), the last `threads` drain with fewer clients.
+      def summarize(threads, finished, out, busy)
+        n = finished.size
+        from = n / 10
+        to = [n - threads, from + 1].max
+        to = n - 1 if to >= n
+        span = finished[to] - finished[from]
+        rps = span.positive? ? (to - from) / span : Float::INFINITY
+        pick = ->(key) { out[key][from..to].sort }
+        lat = pick.call(:latency)
+        wall = pick.call(:wall)
+        st = pick.call(:stall)
+        mean = ->(a) { a.sum / a.size }
+        Result.new(threads: threads, requests: lat.size, rps: rps,
+                   latency_p50: Advice.quantile(lat, 0.5), latency_p99: Advice.quantile(lat, 0.99),
+                   wall_p50: Advice.quantile(wall, 0.5), wall_p99: Advice.quantile(wall, 0.99),
+                   stall_mean: mean.call(st), stall_p95: Advice.quantile(st, 0.95), stall_max: st.last,
+                   pool_wait_mean: mean.call(out[:pool_wait][from..to]), queue_mean: mean.call(out[:queue][from..to]),
+                   gvl_busy: finished[-1].positive? ? busy / finished[-1] : 0.0)
+      end
+    end
+  end
+end

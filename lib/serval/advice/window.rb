@@ -1,0 +1,157 @@
+# frozen_string_literal: true
+
+require "serval/advice/distribution"
+require "serval/advice/workload"
+
+module Serval
+  module Advice
+    # A recorded window of one process's requests: what the recommender
+    # decides from. A plain Hash (Symbol or String keys, so a JSON file
+    # works), seconds everywhere:
+    #
+    #   {
+    #     requests:    12_400,      # requests completed in the window (all, not only sampled)
+    #     seconds:     60.0,        # optional: the window's length
+    #     max_threads: 5,           # the running thread count
+    #     gvl_split:   true,        # Ruby >= 3.2: run / idle / stall measured by the GVL hook (or 1 / 0)
+    #     ruby:        "3.3.8",     # optional, for messages
+    #     io_waits:    1,           # optional: idle periods per request (default 1)
+    #     db_pools:    [{name: "primary", size: 5, ...}],  # optional, as in Server#stats
+    #
+    #     # Per-request figures, either paired records (preferred: keeps a
+    #     # request's run and idle together) ...
+    #     samples: [{run:, idle:, stall:, pool_wait:, queue:, wall:}, ...],
+    #     # ... or histograms, one per figure ({bounds:, counts:, sum:}, see
+    #     # Distribution): run, idle, stall, pool_wait, queue, wall.
+    #     histograms: { run: {...}, idle: {...}, pool_wait: {...} },
+    #   }
+    #
+    # Ruby 3.1 (gvl_split: false) has no GVL hook: samples carry `cpu` and
+    # `wall` of the sampled requests (run = cpu, idle = wall - cpu, which also
+    # holds GVL stall); histograms `run` and `idle` hold those same figures
+    # (the server files them so), or `cpu` and `wait`.
+    #
+    # The model's I/O is idle minus pool_wait: waiting for a database
+    # connection is idle to the GVL but is the pool's doing, which the model
+    # adds back for a given pool size.
+    class Window
+      FIGURES = %i[run idle stall pool_wait queue wall cpu wait].freeze
+
+      attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms
+
+      def initialize(hash)
+        h = symbolize(hash)
+        raise ArgumentError, "a window is a Hash" unless h.is_a?(Hash)
+
+        @requests = Integer(h[:requests] || samples_of(h).size)
+        @max_threads = h[:max_threads] && Integer(h[:max_threads])
+        @seconds = h[:seconds] && Float(h[:seconds])
+        @gvl_split = ![false, nil, 0, "0", "false"].include?(h.fetch(:gvl_split, true)) # stats say 0 / 1
+        @ruby = h[:ruby]&.to_s
+        @io_waits = Integer(h[:io_waits] || 1)
+        @pools = Array(h[:db_pools]).map { |p| { name: p[:name].to_s, size: Integer(p[:size]) } }
+        @samples = samples_of(h)
+        @histograms = (h[:histograms] || {}).slice(*FIGURES).compact
+        raise ArgumentError, "requests must be >= 0" if @requests.negative?
+      end
+
+      def gvl_split? = @gvl_split
+
+      # How many measured requests the figures rest on.
+      def measured
+        return @samples.size if @samples.any?
+
+        h = @histograms[:run] || @histograms[:cpu]
+        h ? Distribution.from(h).count : 0
+      end
+
+      # The smallest database pool: the one that binds first.
+      def pool
+        @pools.min_by { |p| p[:size] }
+      end
+
+      def workload(split: :equal)
+        if @samples.any?
+          Workload.new(pairs: @samples.map { |s| pair(s) }, io_waits: @io_waits, split: split)
+        else
+          run = dist(:run) || dist(:cpu)
+          idle = dist(:idle) || dist(:wait)
+          raise ArgumentError, "the window has neither samples nor run and idle histograms" unless run && idle
+
+          Workload.new(run: run, io: scaled_io(idle), io_waits: @io_waits, split: split)
+        end
+      end
+
+      # Mean of one measured figure (nil when it was not recorded).
+      def mean(figure)
+        if @samples.any?
+          vals = @samples.filter_map { |s| value(s, figure) }
+          return vals.empty? ? nil : vals.sum / vals.size
+        end
+        dist(figure)&.mean
+      end
+
+      def quantile(figure, q)
+        if @samples.any?
+          vals = @samples.filter_map { |s| value(s, figure) }.sort
+          return Advice.quantile(vals, q)
+        end
+        dist(figure)&.quantile(q)
+      end
+
+      private
+
+      def samples_of(h)
+        Array(h[:samples]).map do |s|
+          raise ArgumentError, "a sample is a Hash of seconds" unless s.is_a?(Hash)
+
+          s
+        end
+      end
+
+      def value(sample, figure)
+        v = sample[figure]
+        v ||= sample[:wall] && sample[:cpu] && (sample[:wall] - sample[:cpu]) if figure == :wait
+        v && Float(v)
+      end
+
+      # [run, io] of one request: io excludes pool_wait.
+      def pair(s)
+        pw = s[:pool_wait].to_f
+        if @gvl_split && s[:run] && s[:idle]
+          [Float(s[:run]), [Float(s[:idle]) - pw, 0.0].max]
+        elsif s[:cpu] && s[:wall]
+          cpu = Float(s[:cpu])
+          [cpu, [Float(s[:wall]) - cpu - pw, 0.0].max]
+        elsif s[:run] && s[:idle]
+          [Float(s[:run]), [Float(s[:idle]) - pw, 0.0].max]
+        else
+          raise ArgumentError, "a sample needs run and idle (Ruby 3.2+) or cpu and wall (Ruby 3.1)"
+        end
+      end
+
+      def dist(figure)
+        spec = @histograms[figure]
+        spec && Distribution.from(spec)
+      end
+
+      # Histograms cannot subtract pool_wait request by request: scale idle
+      # so its mean drops by pool_wait's mean.
+      def scaled_io(idle)
+        pw = dist(:pool_wait)&.mean.to_f
+        return idle if pw.zero? || idle.mean.zero?
+
+        factor = [idle.mean - pw, 0.0].max / idle.mean
+        ScaledDistribution.new(idle, factor)
+      end
+
+      def symbolize(obj)
+        case obj
+        when Hash then obj.to_h { |k, v| [k.to_sym, symbolize(v)] }
+        when Array then obj.map { |v| symbolize(v) }
+        else obj
+        end
+      end
+    end
+  end
+end

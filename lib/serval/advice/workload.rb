@@ -1,0 +1,91 @@
+# frozen_string_literal: true
+
+require "serval/advice/distribution"
+
+module Serval
+  module Advice
+    # What one request asks of a process: its time holding the GVL (run) and
+    # its time waiting without it (io: I/O, sleep, database), turned into the
+    # segment lists the Simulation plays: [cpu, io, cpu, io, ..., cpu].
+    #
+    # A request with io_waits = k is k + 1 CPU segments around k waits; its
+    # run and io totals are split evenly (split: :equal) or at uniformly
+    # random points (split: :random, for bursty requests). The GVL hook does
+    # not count the waits per request yet, so k defaults to 1: one block of
+    # Ruby, one wait, the response written after it.
+    #
+    # Totals come from `pairs` ([[run, io], ...], one per measured request,
+    # so a slow query and a long render stay in the same request) or, when
+    # only histograms exist, from independent draws of `run` and `io`.
+    class Workload
+      attr_reader :io_waits, :split
+
+      def initialize(run: nil, io: nil, pairs: nil, io_waits: 1, split: :equal)
+        @pairs = pairs&.map { |r, i| [Float(r), Float(i)] }
+        @run = Distribution.from(run)
+        @io = Distribution.from(io)
+        raise ArgumentError, "a workload needs pairs or run and io distributions" unless @pairs&.any? || (@run && @io)
+        raise ArgumentError, "split is :equal or :random" unless %i[equal random].include?(split)
+
+        @io_waits = Integer(io_waits)
+        raise ArgumentError, "io_waits must be >= 0" if @io_waits.negative?
+
+        @split = split
+      end
+
+      # The same requests with every wait multiplied by factor.
+      def scale_io(factor)
+        if @pairs
+          Workload.new(pairs: @pairs.map { |r, i| [r, i * factor] }, io_waits: @io_waits, split: @split)
+        else
+          Workload.new(run: @run, io: ScaledDistribution.new(@io, factor), io_waits: @io_waits, split: @split)
+        end
+      end
+
+      # Mean seconds per request holding the GVL / waiting without it.
+      def mean_run = @mean_run ||= @pairs ? @pairs.sum(&:first) / @pairs.size : @run.mean
+      def mean_io = @mean_io ||= @pairs ? @pairs.sum(&:last) / @pairs.size : @io.mean
+
+      # Share of a request's own time (run + io) that holds the GVL.
+      def cpu_share
+        total = mean_run + mean_io
+        total.positive? ? mean_run / total : 1.0
+      end
+
+      # n request profiles, reproducible for a given rng.
+      def profiles(n, rng)
+        Array.new(n) do
+          run, io = totals(rng)
+          segments(run, io, rng)
+        end
+      end
+
+      private
+
+      def totals(rng)
+        return @pairs[rng.rand(@pairs.size)] if @pairs
+
+        [@run.draw(rng), @io.draw(rng)]
+      end
+
+      def segments(run, io, rng)
+        k = io.positive? ? @io_waits : 0
+        return [run] if k.zero?
+
+        cpus = parts(run, k + 1, rng)
+        ios = parts(io, k, rng)
+        out = [cpus[0]]
+        k.times { |j| out << ios[j] << cpus[j + 1] }
+        out
+      end
+
+      def parts(total, n, rng)
+        return Array.new(n, total / n) if @split == :equal || n == 1
+
+        cuts = Array.new(n - 1) { rng.rand * total }.sort
+        edges = [0.0, *cuts, total]
+        edges.each_cons(2).map { |a, b| b - a }
+      end
+    end
+  end
+end
