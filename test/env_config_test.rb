@@ -76,10 +76,23 @@ class EnvConfigTest < Minitest::Test
     assert_equal [0, 5], opts.values_at(:workers, :max_threads)
   end
 
-  def test_web_concurrency_auto_is_the_cpu_count
+  def test_web_concurrency_auto_is_the_usable_cpu_count
     opts = load("WEB_CONCURRENCY" => "auto")
-    assert_equal Etc.nprocessors, opts[:workers]
+    assert_equal Serval::Configuration.auto_workers, opts[:workers]
+    assert_operator opts[:workers], :<=, Etc.nprocessors
     assert_equal "env WEB_CONCURRENCY", opts[:sources][:workers]
+  end
+
+  # A container's CPU quota, not the host's cores (fixture trees of
+  # /sys/fs/cgroup and /proc; test/fixtures/cgroup).
+  def test_auto_workers_follow_the_cgroup_quota
+    require "serval/advice/machine"
+    root = File.expand_path("fixtures/cgroup", __dir__)
+    machine = ->(name) { Serval::Advice::Machine.new(root: File.join(root, name)) }
+    quota = machine.call("v2_limited").cpus
+    assert_operator quota[:usable], :<, quota[:affinity], "the fixture's quota is below its 8 CPUs"
+    assert_equal quota[:usable].ceil, Serval::Configuration.auto_workers(machine.call("v2_limited"))
+    assert_equal 5, Serval::Configuration.auto_workers(machine.call("v2_unlimited")), "affinity 0-3,8"
   end
 
   def test_bad_values_name_the_variable

@@ -276,15 +276,22 @@ module Serval
       value
     end
 
-    # An Integer, a numeric String or :auto (one worker per CPU).
+    # An Integer, a numeric String or :auto (one worker per usable CPU).
     def self.workers(name, value)
-      if value.to_s == "auto"
-        require "etc"
-        return Etc.nprocessors
-      end
+      return auto_workers if value.to_s == "auto"
+
       int(name, value)
     rescue ConfigError
       raise ConfigError, "#{name}: expected an integer or :auto, got #{value.inspect}"
+    end
+
+    # The CPUs this process may use: the cgroup CPU quota (v2 cpu.max, v1
+    # cfs quota) or the scheduler affinity, whichever is smaller, rounded up
+    # (a 1.5-CPU quota gets 2 workers so the quota can be used), at least 1.
+    # Not the host's core count: a container limited to 2 CPUs gets 2.
+    def self.auto_workers(machine = nil)
+      require "serval/advice/machine"
+      [(machine || Advice::Machine.new).cpus[:usable].ceil, 1].max
     end
 
     def self.plugins(name, value)
