@@ -165,6 +165,50 @@ class TLSTest < Minitest::Test
     end
   end
 
+  # Streaming over TLS: each chunk is encrypted and sent when yielded; the
+  # app waits until the client read chunk N before making chunk N+1.
+  def test_streamed_chunks_reach_a_tls_client_as_they_are_made
+    arrived = Queue.new
+    body = Enumerator.new do |y|
+      %w[one two three].each do |word|
+        y << word
+        arrived.pop
+      end
+    end
+    app = ->(_env) { [200, { "content-type" => "text/plain" }, body] }
+    with_tls_server(app) do |port|
+      tcp = TCPSocket.new("127.0.0.1", port)
+      ctx = OpenSSL::SSL::SSLContext.new
+      ctx.verify_mode = OpenSSL::SSL::VERIFY_NONE
+      ssl = OpenSSL::SSL::SSLSocket.new(tcp, ctx)
+      ssl.sync_close = true
+      ssl.connect
+      ssl.write("GET / HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n")
+      data = +""
+      %w[one two three].each do |word|
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
+        until data.include?("\r\n#{word}\r\n")
+          left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          flunk "#{word} did not arrive over TLS; got #{data.inspect}" if left <= 0
+          chunk = ssl.read_nonblock(4096, exception: false)
+          if chunk == :wait_readable
+            tcp.wait_readable(left)
+          elsif chunk.nil?
+            flunk "closed before #{word}"
+          else
+            data << chunk
+          end
+        end
+        arrived.push(word)
+      end
+      data << ssl.read
+      assert data.end_with?("0\r\n\r\n"), data.inspect
+    ensure
+      arrived.close
+      ssl&.close
+    end
+  end
+
   def test_plain_http_on_tls_port_is_closed
     with_tls_server do |port|
       out = raw_request(port, "GET / HTTP/1.1\r\nhost: a\r\n\r\n")
