@@ -28,6 +28,8 @@ class HTTPFramingTest < Minitest::Test
     cl_minus_sign: ["POST / HTTP/1.1\r\n#{H}Content-Length: -5\r\n\r\nhello", BAD],
     cl_empty: ["POST / HTTP/1.1\r\n#{H}Content-Length:\r\n\r\n", BAD],
     cl_overflow: ["POST / HTTP/1.1\r\n#{H}Content-Length: 99999999999999999999999\r\n\r\n", BAD],
+    cl_duplicate_equal: ["POST / HTTP/1.1\r\n#{H}Content-Length: 5\r\nContent-Length: 5\r\n\r\nhello", BAD],
+    cl_list_equal: ["POST / HTTP/1.1\r\n#{H}Content-Length: 5, 5\r\n\r\nhello", BAD],
     # chunk framing
     chunk_size_not_hex: ["POST / HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n", BAD],
     chunk_size_empty: ["POST / HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n\r\nhello\r\n0\r\n\r\n", BAD],
@@ -72,16 +74,18 @@ class HTTPFramingTest < Minitest::Test
     missing_version: ["GET /\r\n#{H}\r\n", BAD],
     garbage_version: ["GET / HTTP/x.y\r\n#{H}\r\n", BAD],
     target_with_space_char: ["GET /a\x7fb HTTP/1.1\r\n#{H}\r\n", BAD],
-    target_with_fragment: ["GET /a#b HTTP/1.1\r\n#{H}\r\n", BAD],
+    target_with_control_char: ["GET /a\x01b HTTP/1.1\r\n#{H}\r\n", BAD],
+    target_only_fragment: ["GET #b HTTP/1.1\r\n#{H}\r\n", BAD],
     # versions
     http2: ["GET / HTTP/2.0\r\n#{H}\r\n", VERSION],
-    http12: ["GET / HTTP/1.2\r\n#{H}\r\n", VERSION],
+    http30: ["GET / HTTP/3.0\r\n#{H}\r\n", VERSION],
     http09_style: ["GET / HTTP/0.9\r\n#{H}\r\n", VERSION],
     # transfer codings
     te_unknown: ["POST / HTTP/1.1\r\n#{H}Transfer-Encoding: gzip\r\n\r\n", NOT_IMPL],
     te_identity: ["POST / HTTP/1.1\r\n#{H}Transfer-Encoding: identity\r\n\r\n", NOT_IMPL],
     te_gzip_then_chunked: ["POST / HTTP/1.1\r\n#{H}Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", NOT_IMPL],
     te_empty: ["POST / HTTP/1.1\r\n#{H}Transfer-Encoding:\r\n\r\n", BAD],
+    te_empty_element: ["POST / HTTP/1.1\r\n#{H}Transfer-Encoding: ,chunked\r\n\r\n0\r\n\r\n#{SMUGGLED}", BAD],
     # expectations and methods
     expect_other: ["POST / HTTP/1.1\r\n#{H}Expect: 200-ok\r\nContent-Length: 2\r\n\r\nhi", EXPECTATION],
     expect_continue_with_params: ["POST / HTTP/1.1\r\n#{H}Expect: 100-continue; x=1\r\nContent-Length: 2\r\n\r\nhi",
@@ -132,8 +136,8 @@ class HTTPFramingTest < Minitest::Test
     # accepts the neighbouring well-formed requests
     good = [
       "POST /a HTTP/1.1\r\n#{H}Content-Length: 5\r\n\r\nhello",
-      "POST /b HTTP/1.1\r\n#{H}Content-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
-      "POST /c HTTP/1.1\r\n#{H}Content-Length: 5, 5\r\n\r\nhello",
+      "POST /b HTTP/1.1\r\n#{H}Content-Length:  5 \r\n\r\nhello",
+      "POST /c HTTP/1.2\r\n#{H}Content-Length: 5\r\n\r\nhello",
       "POST /d HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n5;name=val;q=\"x y\"\r\nhello\r\n0\r\n\r\n",
       "POST /e HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n0005\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n",
       "GET /f HTTP/1.1\r\n#{H}X-Test:  padded\t\r\n\r\n",
@@ -155,6 +159,55 @@ class HTTPFramingTest < Minitest::Test
       paths = drain_queue(@calls).map { |_, p, body| [p, body] }
       assert_equal [["/a", "hello"], ["/b", "hello"], ["/c", "hello"], ["/d", "hello"], ["/e", "hello"],
                     ["/f", ""], ["/g", ""], ["/h", ""], ["*", ""], ["/i", ""], ["/j", "hello"]], paths
+    end
+  end
+
+  # What browsers and Node put in a target unencoded is served, as nginx and
+  # Puma do; a fragment is dropped before the app sees the target.
+  def test_targets_browsers_send_reach_the_app
+    seen = Queue.new
+    app = lambda do |env|
+      seen << env.values_at("PATH_INFO", "QUERY_STRING", "REQUEST_URI", "SERVER_PROTOCOL")
+      [200, { "content-type" => "text/plain" }, ["ok"]]
+    end
+    with_server(app) do |_server, port|
+      {
+        "/a|b{c}^d`e?q=\"x\"<y>" => ["/a|b{c}^d`e", "q=\"x\"<y>", "/a|b{c}^d`e?q=\"x\"<y>"],
+        "/caf\xC3\xA9?n=\xE2\x82\xAC" => ["/caf\xC3\xA9", "n=\xE2\x82\xAC", "/caf\xC3\xA9?n=\xE2\x82\xAC"],
+        "/page?x=1#section-2" => ["/page", "x=1", "/page?x=1"],
+        "/anchor#only" => ["/anchor", "", "/anchor"]
+      }.each do |target, (path, query, uri)|
+        client = Client.new(port)
+        client.write("GET #{target} HTTP/1.1\r\n#{H}Connection: close\r\n\r\n".b)
+        assert_equal "HTTP/1.1 200 OK", client.read_response.status_line, target.inspect
+        client.close
+        assert_equal [path.b, query.b, uri.b, "HTTP/1.1"], seen.pop.map { |v| v.to_s.b }, target.inspect
+      end
+    end
+  end
+
+  # RFC 9110 2.5: a higher minor version of HTTP/1 is answered as HTTP/1.1.
+  def test_http12_is_served_as_http11
+    with_framing_server do |_server, port|
+      client = Client.new(port)
+      client.write("GET /v HTTP/1.2\r\n#{H}\r\nGET /w HTTP/1.2\r\n#{H}Connection: close\r\n\r\n")
+      assert_equal "HTTP/1.1 200 OK", client.read_response.status_line
+      assert_equal "HTTP/1.1 200 OK", client.read_response.status_line, "kept alive as 1.1"
+      client.close
+    end
+  end
+
+  # A TLS ClientHello (or any bytes that cannot start a request line) on a
+  # plain port is answered 400 at once, not after read_timeout.
+  def test_garbage_without_a_line_end_is_refused_at_once
+    with_framing_server(read_timeout: 60, first_data_timeout: 60) do |_server, port|
+      hello = [0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03].pack("C*") + Random.new(1).bytes(32)
+      client = Client.new(port)
+      client.write(hello)
+      assert_equal BAD, client.read_response.status_line # Client's read deadline is far below 60 s
+      assert_equal :eof, client.wait_close
+      client.close
+      assert_serves_fresh_request(port, @calls)
     end
   end
 

@@ -12,8 +12,18 @@
  *   - obs-fold is rejected (400), as RFC 9112 5.2 permits.
  *   - Whitespace between a field name and the colon is rejected (400).
  *   - Transfer-Encoding: only "chunked" is implemented; any other coding -> 501.
- *   - Empty list elements (", ,") are ignored as RFC 9110 5.6.1 asks, but a
- *     Transfer-Encoding or Content-Length field with no element at all -> 400.
+ *   - Framing fields take no lists: an empty Transfer-Encoding element
+ *     (",chunked") and any repeated or comma-listed Content-Length ("5, 5",
+ *     two "5" fields) -> 400, as nginx and Puma do, although RFC 9110 lets a
+ *     recipient accept identical values: a lenient proxy in front could frame
+ *     them differently.
+ *   - Request-targets: any byte except controls, SP and DEL is accepted
+ *     (browsers and Node send '|', '{', '^', raw UTF-8), since none of them
+ *     can change framing; a fragment ("#...") is stripped.
+ *   - HTTP/1.x with x > 1 is served as HTTP/1.1 (RFC 9110 2.5); other major
+ *     versions -> 505.
+ *   - Bytes that cannot start a request line (a TLS ClientHello on a plain
+ *     port) -> 400 at once, not after the read timeout.
  */
 #include "parser.h"
 
@@ -67,19 +77,13 @@ static int is_value_char(unsigned char c)
     return (c >= 0x21 && c != 0x7f) || c == ' ' || c == '\t';
 }
 
-/* Bytes we accept in a request-target: visible ASCII minus the characters
- * that are never valid unencoded in a URI (and '#', since a fragment must
- * not be sent). */
+/* Bytes we accept in a request-target: anything but controls, SP and DEL.
+ * RFC 3986 forbids '|', '{', '^', '"' and raw non-ASCII unencoded, but
+ * browsers and Node send them and nginx and Puma serve them; they cannot
+ * change framing, which only SP, CR and LF could. */
 static int is_target_char(unsigned char c)
 {
-    if (c <= 0x20 || c >= 0x7f) return 0;
-    switch (c) {
-    case '#': case '"': case '<': case '>': case '\\': case '^':
-    case '`': case '{': case '|': case '}':
-        return 0;
-    default:
-        return 1;
-    }
+    return c > 0x20 && c != 0x7f;
 }
 
 /* unreserved / sub-delims (RFC 3986), the bytes of a reg-name besides pct-encoded */
@@ -258,9 +262,9 @@ static int parse_version(sv_ctx *x, sv_request *r, const char *v, size_t n)
     if (n != SV_VERSION_LEN || memcmp(v, "HTTP/", 5) != 0 || !is_digit((unsigned char)v[5]) ||
         v[6] != '.' || !is_digit((unsigned char)v[7]))
         return fail(x, SV_ERR_BAD_REQUEST, "bad request line");
-    if (v[5] != '1' || (v[7] != '0' && v[7] != '1'))
+    if (v[5] != '1')
         return fail(x, SV_ERR_VERSION, "unsupported HTTP version");
-    r->minor_version = v[7] - '0';
+    r->minor_version = v[7] == '0' ? 0 : 1; /* 1.2..1.9: served as 1.1 (RFC 9110 2.5) */
     return 0;
 }
 
@@ -314,6 +318,12 @@ static int parse_target(sv_ctx *x, sv_request *r)
     size_t n = r->target_len;
     for (size_t i = 0; i < n; i++)
         if (!is_target_char((unsigned char)t[i])) return fail(x, SV_ERR_BAD_REQUEST, "invalid request target");
+    const char *hash = memchr(t, '#', n); /* a fragment is the client's own: dropped */
+    if (hash != NULL) {
+        n = (size_t)(hash - t);
+        r->target_len = n;
+        if (n == 0) return fail(x, SV_ERR_BAD_REQUEST, "invalid request target");
+    }
 
     int is_connect = r->method_len == 7 && memcmp(r->method, "CONNECT", 7) == 0;
     int is_options = r->method_len == 7 && memcmp(r->method, "OPTIONS", 7) == 0;
@@ -371,22 +381,17 @@ static int on_content_length(sv_ctx *x, sv_request *r, const char *v, size_t n)
     size_t pos = 0;
     const char *e;
     size_t elen;
-    int any = 0;
-    while (next_elem(v, n, &pos, &e, &elen)) {
-        if (elen == 0) continue;
-        if (elen > SV_CL_DIGITS_MAX) return fail(x, SV_ERR_BAD_REQUEST, "invalid Content-Length");
-        int64_t val = 0;
-        for (size_t i = 0; i < elen; i++) {
-            if (!is_digit((unsigned char)e[i])) return fail(x, SV_ERR_BAD_REQUEST, "invalid Content-Length");
-            val = val * 10 + (e[i] - '0');
-        }
-        if (x->cl_seen && val != r->content_length)
-            return fail(x, SV_ERR_BAD_REQUEST, "conflicting Content-Length");
-        x->cl_seen = 1;
-        r->content_length = val;
-        any = 1;
+    if (x->cl_seen) return fail(x, SV_ERR_BAD_REQUEST, "repeated Content-Length");
+    /* one value, no list: "5, 5" is refused like two fields */
+    if (!next_elem(v, n, &pos, &e, &elen) || pos <= n || elen == 0 || elen > SV_CL_DIGITS_MAX)
+        return fail(x, SV_ERR_BAD_REQUEST, "invalid Content-Length");
+    int64_t val = 0;
+    for (size_t i = 0; i < elen; i++) {
+        if (!is_digit((unsigned char)e[i])) return fail(x, SV_ERR_BAD_REQUEST, "invalid Content-Length");
+        val = val * 10 + (e[i] - '0');
     }
-    if (!any) return fail(x, SV_ERR_BAD_REQUEST, "invalid Content-Length");
+    x->cl_seen = 1;
+    r->content_length = val;
     return 0;
 }
 
@@ -397,7 +402,7 @@ static int on_transfer_encoding(sv_ctx *x, const char *v, size_t n)
     size_t elen;
     int any = 0;
     while (next_elem(v, n, &pos, &e, &elen)) {
-        if (elen == 0) continue;
+        if (elen == 0) return fail(x, SV_ERR_BAD_REQUEST, "empty Transfer-Encoding element");
         size_t k = 0;
         while (k < elen && is_tchar((unsigned char)e[k])) k++;
         if (k == 0) return fail(x, SV_ERR_BAD_REQUEST, "invalid Transfer-Encoding");
@@ -558,6 +563,21 @@ static int skip_leading_crlf(sv_ctx *x, size_t *pos)
     return 1;
 }
 
+/* An incomplete request line buf[pos..end): its bytes so far must be able to
+ * start "METHOD SP", else answer 400 now instead of waiting for a line end
+ * that garbage (a TLS ClientHello on a plain port) never sends. */
+static int method_prefix(sv_ctx *x, size_t pos, size_t end)
+{
+    size_t i = pos;
+    while (i < end && x->buf[i] != ' ') {
+        if (!is_tchar((unsigned char)x->buf[i]) || i - pos >= SV_METHOD_MAX)
+            return fail(x, SV_ERR_BAD_REQUEST, "invalid method");
+        i++;
+    }
+    if (i < end && i == pos) return fail(x, SV_ERR_BAD_REQUEST, "bad request line");
+    return 0;
+}
+
 int sv_parse_head(sv_request *r, const sv_limits *lim, const char *buf, size_t len, const char **errmsg)
 {
     sv_ctx x;
@@ -578,7 +598,10 @@ int sv_parse_head(sv_request *r, const sv_limits *lim, const char *buf, size_t l
     rc = find_eol(&x, pos, &eol);
     if (eol - pos > lim->max_request_line) return fail(&x, SV_ERR_URI_TOO_LONG, "request line too long");
     if (rc < 0) return bare_eol(&x, eol);
-    if (rc == 0) return incomplete(&x);
+    if (rc == 0) {
+        rc = method_prefix(&x, pos, eol);
+        return rc < 0 ? rc : incomplete(&x);
+    }
     if (eol + SV_CRLF_LEN > lim->max_head) return fail(&x, SV_ERR_HEADERS_TOO_LARGE, "header section too large");
     rc = parse_request_line(&x, r, pos, eol);
     if (rc < 0) return rc;
