@@ -88,6 +88,10 @@ class StreamingTest < Minitest::Test
       now
     end
 
+    def readable_within?(seconds)
+      !@socket.wait_readable(seconds).nil?
+    end
+
     def close
       @socket.close
     end
@@ -115,7 +119,9 @@ class StreamingTest < Minitest::Test
     end
   end
 
-  def test_head_of_a_streamed_response_is_sent_before_the_body_yields
+  # The head goes out with the first chunk: nothing is sent while the body
+  # has not yielded, so an error before the first chunk can still be a 500.
+  def test_head_goes_out_with_the_first_chunk
     release = Gate.new
     body = Enumerator.new do |y|
       release.pop
@@ -125,12 +131,57 @@ class StreamingTest < Minitest::Test
     with_server(app, lint: false) do |_server, port|
       wire = Wire.new(port)
       wire.write("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
-      wire.wait_for(%r{\AHTTP/1.1 200 OK\r\n.*\r\n\r\n}m)
-      refute_includes wire.data, "late"
-      release.push(true)
-      wire.wait_for(/late\r\n0\r\n\r\n\z/)
+      refute wire.readable_within?(0.2), "nothing before the first chunk: #{wire.data.inspect}"
+      release.push
+      wire.wait_for(%r{\AHTTP/1.1 200 OK\r\n.*\r\n\r\n4\r\nlate\r\n0\r\n\r\n\z}m)
     ensure
       wire&.close
+    end
+  end
+
+  class RaisingBody
+    def each
+      raise "database went away"
+    end
+  end
+
+  def test_a_body_that_raises_before_its_first_chunk_gets_a_500
+    app = ->(_env) { [200, { "content-type" => "text/plain" }, RaisingBody.new] }
+    with_server(app) do |_server, port|
+      raw = raw_request(port, "GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+      assert_match %r{\AHTTP/1.1 500 Internal Server Error\r\n}, raw
+      assert_includes @server_log_writer.stderr.string, "database went away"
+    end
+  end
+
+  def test_a_stream_body_that_raises_before_writing_gets_a_500
+    body = ->(_stream) { raise "no data" }
+    app = ->(_env) { [200, { "content-type" => "text/plain" }, body] }
+    with_server(app) do |_server, port|
+      raw = raw_request(port, "GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+      assert_match %r{\AHTTP/1.1 500 Internal Server Error\r\n}, raw
+    end
+  end
+
+  def test_a_stream_body_that_writes_nothing_gets_an_empty_response
+    body = lambda(&:close)
+    app = ->(_env) { [200, { "content-type" => "text/plain" }, body] }
+    with_server(app) do |_server, port|
+      raw = raw_request(port, "GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+      assert_match %r{\AHTTP/1.1 200 OK\r\n.*\r\n\r\n0\r\n\r\n\z}m, raw
+    end
+  end
+
+  # A 1xx as the final status would be read as an interim response and the
+  # client would wait for the real one: it is the app's error.
+  def test_an_informational_final_status_is_an_app_error
+    [100, 103, 199].each do |code|
+      app = ->(_env) { [code, {}, []] }
+      with_server(app, lint: false) do |_server, port|
+        raw = raw_request(port, "GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        assert_match %r{\AHTTP/1.1 500 Internal Server Error\r\n}, raw, "status #{code}"
+        assert_includes @server_log_writer.stderr.string, "status #{code} is informational"
+      end
     end
   end
 

@@ -224,6 +224,10 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw
     int code = NUM2INT(rb_Integer(status));
     if (code < 100 || code > 999)
         rb_raise(sv_eBadResponse, "invalid status %d", code);
+    /* A 1xx is interim: as the final status the client would wait for the
+     * real one forever. Only 101 with a partial hijack (the app takes over). */
+    if (code < 200 && !(raw && code == 101))
+        rb_raise(sv_eBadResponse, "status %d is informational, not a final response", code);
     sv_core *core = c->core;
     const sv_request *r = c->req;
     head_ctx x = {c, 0, 0, 0, 0, -1, Qnil};

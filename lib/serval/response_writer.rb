@@ -6,7 +6,8 @@ module Serval
   # Writes a Rack response through a native Request: Array bodies with a
   # content-length, to_path bodies with sendfile, other enumerables chunked
   # (HTTP/1.1) or until close (HTTP/1.0) with every chunk sent as it is
-  # yielded, streaming bodies through a Stream (each write sent at once),
+  # yielded (the head with the first), streaming bodies through a Stream
+  # (each write sent at once; the head with the first write or flush),
   # and partial hijack (a rack.hijack response header).
   class ResponseWriter
     HIJACK = "rack.hijack"
@@ -41,14 +42,23 @@ module Serval
       body.each { |chunk| request.write(chunk) }
     end
 
-    # An enumerable of unknown length is streamed: the head goes out at once
-    # and every chunk reaches the socket when the body yields it (Server-Sent
-    # Events, ActionController::Live), not when the output buffer fills.
+    # An enumerable of unknown length is streamed: every chunk reaches the
+    # socket when the body yields it (Server-Sent Events, ActionController::
+    # Live), not when the output buffer fills. The head goes out with the
+    # first chunk, so a body that raises before yielding anything still gets
+    # a 500 (Rails' Live returns from #call only once its first write
+    # committed the response, so its head is not delayed).
     def write_each(request, status, headers, body)
-      return unless request.write_head(status, headers, nil)
+      started = false
+      body.each do |chunk|
+        unless started
+          return unless request.write_head(status, headers, nil) # HEAD, 204, 304: no body to take
 
-      request.flush
-      body.each { |chunk| request.stream_write(chunk) }
+          started = true
+        end
+        request.stream_write(chunk)
+      end
+      request.write_head(status, headers, nil) unless started
     end
 
     # The file may be sent with sendfile when it is a regular file and the
@@ -78,10 +88,9 @@ module Serval
     end
 
     def write_stream(request, env, status, headers, body)
-      request.write_head(status, headers, nil)
-      request.flush
-      stream = Stream.new(request, env["rack.input"])
+      stream = Stream.new(request, env["rack.input"]) { request.write_head(status, headers, nil) }
       body.call(stream)
+      stream.start # nothing was written: the head alone
     end
 
     def partial_hijack(request, env, status, headers, hijacker)

@@ -6,18 +6,31 @@ module Serval
   # socket when it is made; reads come from
   # the request body. The response ends when the body's #call returns.
   class Stream
-    def initialize(request, input)
+    # head: called once, before the first byte goes out (the first write or
+    # flush, or #start after the body returned), so a body that raises
+    # before writing anything can still be answered with a 500.
+    def initialize(request, input, &head)
       @request = request
       @input = input
+      @head = head
       @closed = false
     end
 
     def write(chunk)
       raise IOError, "stream closed" if @closed
 
+      start
       data = chunk.to_s
       @request.stream_write(data)
       data.bytesize
+    end
+
+    def start
+      return unless @head
+
+      head = @head
+      @head = nil
+      head.call
     end
 
     def <<(chunk)
@@ -36,7 +49,10 @@ module Serval
     # Writes are sent as they are made; flush waits until the client's
     # socket has taken everything (bounded by write_timeout).
     def flush
-      @request.flush unless @closed
+      return self if @closed
+
+      start
+      @request.flush
       self
     end
 
