@@ -82,36 +82,91 @@ static VALUE core_alloc(VALUE klass)
     return obj;
 }
 
-static double opt_num(VALUE opts, const char *key, double def, double min)
+/* The core's numeric options: the one source of their defaults and bounds.
+ * Serval::Native::Core::OPTIONS exports this table and the configuration
+ * validates against it (lib/serval/configuration.rb), so a value the
+ * configuration accepts is one Core.new accepts. */
+typedef struct {
+    const char *name;
+    double def, min, max;
+} sv_opt_spec;
+
+#define SV_DAY 86400.0
+static const sv_opt_spec opt_specs[] = {
+    {"max_request_line", 8192, 64, 1 << 20},
+    {"max_head", 65536, 256, 16 << 20},
+    {"max_headers", SV_HEADERS_CAP, 1, SV_HEADERS_CAP},
+    {"body_spill", 262144, 0, 1 << 30},
+    {"max_chunk_ext", 1024, 0, 1 << 20},
+    {"first_data_timeout", 30, 0.001, SV_DAY},
+    {"read_timeout", 30, 0.001, SV_DAY},
+    {"persistent_timeout", 20, 0.001, SV_DAY},
+    {"write_timeout", 30, 0.001, SV_DAY},
+    {"max_connections", 1024, 1, 1000000},
+    {"output_buffer", 4194304, 4096, 1 << 30},
+    {"max_keepalive_requests", 1000, 1, 2147483647.0},
+};
+#define SV_OPT_SPECS (sizeof(opt_specs) / sizeof(opt_specs[0]))
+
+static double opt_num(VALUE opts, const char *key)
 {
+    const sv_opt_spec *spec = NULL;
+    for (size_t i = 0; i < SV_OPT_SPECS; i++)
+        if (strcmp(opt_specs[i].name, key) == 0)
+            spec = &opt_specs[i];
+    if (!spec)
+        rb_raise(rb_eRuntimeError, "no option spec for %s", key);
     VALUE v = rb_hash_lookup2(opts, ID2SYM(rb_intern(key)), Qundef);
     if (v == Qundef || NIL_P(v))
-        return def;
+        return spec->def;
     double d = NUM2DBL(v);
-    if (d < min)
-        rb_raise(rb_eArgError, "%s must be >= %g (got %g)", key, min, d);
+    if (!(d >= spec->min && d <= spec->max)) /* also refuses NaN */
+        rb_raise(rb_eArgError, "%s must be in %.15g..%.15g (got %.15g)", key, spec->min, spec->max, d);
     return d;
+}
+
+/* Serval::Native::Core::OPTIONS: {name => [default, min, max]} */
+static VALUE option_table(void)
+{
+    VALUE h = rb_hash_new();
+    for (size_t i = 0; i < SV_OPT_SPECS; i++) {
+        const sv_opt_spec *o = &opt_specs[i];
+        int integral = o->min == (double)(long long)o->min && o->def == (double)(long long)o->def &&
+                       strstr(o->name, "timeout") == NULL;
+        VALUE triple = integral ? rb_ary_new_from_args(3, LL2NUM((long long)o->def), LL2NUM((long long)o->min),
+                                                      LL2NUM((long long)o->max))
+                                : rb_ary_new_from_args(3, DBL2NUM(o->def), DBL2NUM(o->min), DBL2NUM(o->max));
+        rb_ary_freeze(triple);
+        rb_hash_aset(h, ID2SYM(rb_intern(o->name)), triple);
+    }
+    rb_hash_freeze(h);
+    return h;
 }
 
 static void read_options(sv_options *o, VALUE opts)
 {
-    o->lim.max_request_line = (size_t)opt_num(opts, "max_request_line", 8192, 16);
-    o->lim.max_head = (size_t)opt_num(opts, "max_head", 65536, 64);
-    o->lim.max_headers = (size_t)opt_num(opts, "max_headers", 128, 1);
-    if (o->lim.max_headers > SV_HEADERS_CAP)
-        rb_raise(rb_eArgError, "max_headers must be <= %d", SV_HEADERS_CAP);
+    o->lim.max_request_line = (size_t)opt_num(opts, "max_request_line");
+    o->lim.max_head = (size_t)opt_num(opts, "max_head");
+    o->lim.max_headers = (size_t)opt_num(opts, "max_headers");
     /* nil or absent: no limit (bodies past body_spill go to disk either way) */
     VALUE max_body = rb_hash_lookup2(opts, ID2SYM(rb_intern("max_body")), Qnil);
-    o->max_body = NIL_P(max_body) ? UINT64_MAX : (uint64_t)opt_num(opts, "max_body", 0, 0);
-    o->body_spill = (size_t)opt_num(opts, "body_spill", 262144, 0);
-    o->max_chunk_ext = (size_t)opt_num(opts, "max_chunk_ext", 1024, 0);
-    o->first_data_timeout = opt_num(opts, "first_data_timeout", 30, 0.001);
-    o->read_timeout = opt_num(opts, "read_timeout", 30, 0.001);
-    o->persistent_timeout = opt_num(opts, "persistent_timeout", 20, 0.001);
-    o->write_timeout = opt_num(opts, "write_timeout", 30, 0.001);
-    o->max_connections = (size_t)opt_num(opts, "max_connections", 1024, 1);
-    o->output_buffer = (size_t)opt_num(opts, "output_buffer", 4194304, 4096);
-    o->max_keepalive_requests = (unsigned)opt_num(opts, "max_keepalive_requests", 1000, 1);
+    if (NIL_P(max_body)) {
+        o->max_body = UINT64_MAX;
+    } else {
+        double mb = NUM2DBL(max_body);
+        if (!(mb >= 0 && mb <= 4.6e18))
+            rb_raise(rb_eArgError, "max_body must be nil or in 0..2**62 (got %g)", mb);
+        o->max_body = (uint64_t)mb;
+    }
+    o->body_spill = (size_t)opt_num(opts, "body_spill");
+    o->max_chunk_ext = (size_t)opt_num(opts, "max_chunk_ext");
+    o->first_data_timeout = opt_num(opts, "first_data_timeout");
+    o->read_timeout = opt_num(opts, "read_timeout");
+    o->persistent_timeout = opt_num(opts, "persistent_timeout");
+    o->write_timeout = opt_num(opts, "write_timeout");
+    o->max_connections = (size_t)opt_num(opts, "max_connections");
+    o->output_buffer = (size_t)opt_num(opts, "output_buffer");
+    o->max_keepalive_requests = (unsigned)opt_num(opts, "max_keepalive_requests");
     o->balance = RTEST(rb_hash_lookup(opts, ID2SYM(rb_intern("balance"))));
     VALUE tmp = rb_hash_lookup2(opts, ID2SYM(rb_intern("tmpdir")), Qnil);
     const char *dir = NIL_P(tmp) ? "/tmp" : StringValueCStr(tmp);
@@ -413,6 +468,7 @@ static VALUE core_error_events_stats(VALUE self)
 void sv_init_core(VALUE mNative)
 {
     sv_cCore = rb_define_class_under(mNative, "Core", rb_cObject);
+    rb_define_const(sv_cCore, "OPTIONS", option_table());
     rb_define_alloc_func(sv_cCore, core_alloc);
     rb_define_method(sv_cCore, "initialize", core_initialize, -1);
     rb_define_method(sv_cCore, "listen", core_listen, -1);

@@ -2,6 +2,7 @@
 
 require "tmpdir"
 require "serval/errors"
+require "serval/native_ext"
 
 module Serval
   # Builds the frozen options hash the Server receives, from these layers:
@@ -12,6 +13,11 @@ module Serval
   # every key, which layer its value came from ("flag -t", "env
   # WEB_CONCURRENCY", "config file config/puma.rb", "default", ...).
   class Configuration
+    # The native core's numeric options, {key => [default, min, max]}: their
+    # one source of truth is the table in ext/serval/core.c, so whatever the
+    # configuration accepts, Core.new accepts too (also after fork).
+    CORE = Native::Core::OPTIONS
+
     DEFAULTS = {
       binds: ["tcp://0.0.0.0:9292"].freeze,
       min_threads: 0,
@@ -28,19 +34,19 @@ module Serval
       early_hints: false,
       timing: true,
       timing_sample_rate: 0.05,
-      max_request_line: 8192,
-      max_head: 65_536,
-      max_headers: 128,
+      max_request_line: CORE[:max_request_line][0],
+      max_head: CORE[:max_head][0],
+      max_headers: CORE[:max_headers][0],
       max_body: nil, # no limit, as Puma (docs/configuration.md "Request bodies")
-      body_spill: 262_144,
-      max_chunk_ext: 1024,
-      first_data_timeout: 30.0,
-      read_timeout: 30.0,
-      persistent_timeout: 20.0,
-      write_timeout: 30.0,
-      max_connections: 1024,
-      output_buffer: 4_194_304,
-      max_keepalive_requests: 1000,
+      body_spill: CORE[:body_spill][0],
+      max_chunk_ext: CORE[:max_chunk_ext][0],
+      first_data_timeout: CORE[:first_data_timeout][0],
+      read_timeout: CORE[:read_timeout][0],
+      persistent_timeout: CORE[:persistent_timeout][0],
+      write_timeout: CORE[:write_timeout][0],
+      max_connections: CORE[:max_connections][0],
+      output_buffer: CORE[:output_buffer][0],
+      max_keepalive_requests: CORE[:max_keepalive_requests][0],
       tmpdir: Dir.tmpdir.dup.freeze,
       drain_timeout: 30.0,
       thread_idle_timeout: 30.0,
@@ -89,19 +95,19 @@ module Serval
       early_hints: [:bool],
       timing: [:bool],
       timing_sample_rate: [:seconds, 0.0, 1.0], # a plain number in 0..1
-      max_request_line: [:int, 64, 1 << 20],
-      max_head: [:int, 256, 16 << 20],
-      max_headers: [:int, 1, 10_000],
+      max_request_line: [:int, *CORE[:max_request_line][1, 2]],
+      max_head: [:int, *CORE[:max_head][1, 2]],
+      max_headers: [:int, *CORE[:max_headers][1, 2]],
       max_body: [:int_or_nil, 0, 1 << 62],
-      body_spill: [:int, 0, 1 << 30],
-      max_chunk_ext: [:int, 0, 1 << 20],
-      first_data_timeout: [:seconds, 0.001, DAY],
-      read_timeout: [:seconds, 0.001, DAY],
-      persistent_timeout: [:seconds, 0.001, DAY],
-      write_timeout: [:seconds, 0.001, DAY],
-      max_connections: [:int, 1, 1_000_000],
-      output_buffer: [:int, 1024, 1 << 30],
-      max_keepalive_requests: [:int, 1, INT_MAX],
+      body_spill: [:int, *CORE[:body_spill][1, 2]],
+      max_chunk_ext: [:int, *CORE[:max_chunk_ext][1, 2]],
+      first_data_timeout: [:seconds, *CORE[:first_data_timeout][1, 2]],
+      read_timeout: [:seconds, *CORE[:read_timeout][1, 2]],
+      persistent_timeout: [:seconds, *CORE[:persistent_timeout][1, 2]],
+      write_timeout: [:seconds, *CORE[:write_timeout][1, 2]],
+      max_connections: [:int, *CORE[:max_connections][1, 2]],
+      output_buffer: [:int, *CORE[:output_buffer][1, 2]],
+      max_keepalive_requests: [:int, *CORE[:max_keepalive_requests][1, 2]],
       tmpdir: [:directory],
       drain_timeout: [:seconds, 0.0, DAY],
       thread_idle_timeout: [:seconds, 0.001, DAY],

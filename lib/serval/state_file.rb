@@ -34,6 +34,7 @@ module Serval
       data = values.to_h { |k, v| [k.to_s, v] }.compact
       FileUtils.mkdir_p(File.dirname(@path))
       tmp = "#{@path}.#{SecureRandom.hex(8)}.tmp"
+      created = nil
       File.open(tmp, File::WRONLY | File::CREAT | File::EXCL | File::NOFOLLOW, 0o600) do |f|
         created = tmp
         f.chmod(0o600) # whatever the umask
