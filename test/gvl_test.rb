@@ -124,7 +124,7 @@ class GVLTest < Minitest::Test
       exit!(0)
     end
     writer.close
-    fresh, idle = Marshal.load(reader.read) # rubocop:disable Security/MarshalLoad
+    fresh, idle = Marshal.load(reader.read)
     Process.wait(pid)
     assert_equal true, fresh, "enable in a child registers the hook anew"
     assert_operator idle, :>, 0.025e9, "the child's hook counts its own threads"

@@ -10,7 +10,12 @@ class SignalsTest < Minitest::Test
 
   APP = <<~'RUBY'
     run lambda { |env|
-      sleep Float(env["QUERY_STRING"][/sleep=([\d.]+)/, 1] || 0)
+      seconds = Float(env["QUERY_STRING"][/sleep=([\d.]+)/, 1] || 0)
+      if seconds.positive?
+        $stdout.puts "app: sleeping #{seconds}" # the test waits for this line
+        $stdout.flush
+      end
+      sleep seconds
       [200, {"content-type" => "text/plain"}, [Process.pid.to_s]]
     }
   RUBY
@@ -25,14 +30,7 @@ class SignalsTest < Minitest::Test
   end
 
   def booted(server, count)
-    deadline = Time.now + 10
-    loop do
-      pids = server.stdout.scan(/Worker \d+ \(PID: (\d+)\) booted/).flatten.map(&:to_i)
-      return pids if pids.size >= count
-      raise "only #{pids.size}/#{count} boots\n#{server.logs}" if Time.now > deadline
-
-      sleep 0.01
-    end
+    server.wait_for_count(/Worker \d+ \(PID: (\d+)\) booted/, count).map { |m| m[1].to_i }
   end
 
   def get(port, query = "")
@@ -43,8 +41,7 @@ class SignalsTest < Minitest::Test
     server = cluster
     booted(server, 2)
     slow = Thread.new { get(server.port, "sleep=0.5") }
-    sleep 0.1 until server.stdout.include?("booted") && slow.status == "sleep"
-    sleep 0.1 # the request reached a worker
+    server.wait_for(/app: sleeping 0.5/) # the request is in the app
     server.signal("TERM")
     assert_equal "200", slow.value.code
     assert server.wait(10)
@@ -70,7 +67,7 @@ class SignalsTest < Minitest::Test
     rescue StandardError => e
       e
     end
-    sleep 0.2
+    server.wait_for(/app: sleeping 5/)
     t = Time.now
     server.signal("INT")
     assert server.wait(5)
@@ -114,8 +111,7 @@ class SignalsTest < Minitest::Test
     server.signal("USR2")
     server.wait_for(/- Restarting: exec/)
     server.wait_for(/Adopted restart fd \d+ for tcp:\/\/127\.0\.0\.1:0/)
-    deadline = Time.now + 10
-    sleep 0.02 until server.stdout.scan(/booted/).size >= 4 || Time.now > deadline
+    booted(server, 4)
     fresh = server.stdout.scan(/PID: (\d+)\) booted/).flatten.map(&:to_i) - old
     assert_equal 2, fresh.size, server.logs
     assert_includes fresh, get(server.port).body.to_i
@@ -128,8 +124,7 @@ class SignalsTest < Minitest::Test
     assert_equal server.pid, first
     server.signal("USR2")
     server.wait_for(/Adopted restart fd/)
-    deadline = Time.now + 10
-    sleep 0.02 until server.stdout.scan("Listening on").size >= 2 || Time.now > deadline
+    server.wait_for_count(/Listening on/, 2)
     assert_equal server.pid, get(server.port).body.to_i
   end
 

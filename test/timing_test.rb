@@ -188,7 +188,7 @@ class TimingTest < Minitest::Test
       reader.close
       result = begin
         [:ok, yield]
-      rescue Exception => e # rubocop:disable Lint/RescueException
+      rescue Exception => e
         [:error, e.full_message]
       end
       writer.write(Marshal.dump(result))
@@ -196,7 +196,7 @@ class TimingTest < Minitest::Test
       exit!(0)
     end
     writer.close
-    status, value = Marshal.load(reader.read) # rubocop:disable Security/MarshalLoad
+    status, value = Marshal.load(reader.read)
     flunk("child failed: #{value}") unless status == :ok
     value
   ensure

@@ -37,9 +37,8 @@ class ZeroDropTest < Minitest::Test
     under_load(server) do
       server.signal("USR2")
       server.wait_for(/Adopted restart fd/)
-      server.wait_for(/Worker 1 \(PID: \d+\) booted.*\n(?:.*\n)*.*Worker 1 \(PID: \d+\) booted/m, timeout: 15) rescue nil # rubocop:disable Style/RescueModifier
-      deadline = Time.now + 15
-      sleep 0.02 until server.stdout.scan(/booted/).size >= 4 || Time.now > deadline
+      # two workers before the exec, two of the new master after it
+      server.wait_for_count(/Worker \d \(PID: \d+\) booted/, 4, timeout: 15)
     end
   end
 
@@ -57,8 +56,7 @@ class ZeroDropTest < Minitest::Test
     under_load(server) do
       server.signal("TTOU")
       server.wait_for(/- Stopping worker 2/)
-      deadline = Time.now + 10
-      sleep 0.02 until server.stderr.include?("exited") || server.stdout.scan("Stopping worker").size >= 1 && Time.now > deadline
+      server.wait_for(/- Worker 2 \(PID: \d+\) stopped/, timeout: 15)
     end
     refute_match(/Worker 2 .*respawning/, server.stderr)
   end
@@ -68,12 +66,13 @@ class ZeroDropTest < Minitest::Test
   # count as refused, not failed (the server no longer listens).
   def test_graceful_stop_drops_nothing
     server = cluster
-    result = under_load(server) do |load|
+    # under_load asserts the property: 0 failed (refusals after the stop are
+    # allowed and need not happen).
+    under_load(server) do |load|
       load.refuse_from_now
       server.signal("TERM")
       assert server.wait(15), server.logs
       assert server.status.success?
     end
-    assert_operator result.refused, :>=, 0
   end
 end

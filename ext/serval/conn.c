@@ -37,11 +37,6 @@ static void close_if_open(int *fd)
     }
 }
 
-void sv_conn_close_fd(sv_conn *c)
-{
-    close_if_open(&c->fd);
-}
-
 void sv_conn_free(sv_conn *c)
 {
     if (c->tls)

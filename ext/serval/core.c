@@ -387,13 +387,6 @@ static VALUE core_stats(VALUE self)
     return h;
 }
 
-/* True when requests are queued and no thread is waiting: the pool may grow. */
-static VALUE core_starved(VALUE self)
-{
-    sv_core *core = sv_core_get(self);
-    return (core->waiting == 0) ? Qtrue : Qfalse;
-}
-
 static VALUE core_waiting(VALUE self)
 {
     return INT2NUM(sv_core_get(self)->waiting);
@@ -477,7 +470,6 @@ void sv_init_core(VALUE mNative)
     rb_define_method(sv_cCore, "drain", core_drain, 0);
     rb_define_method(sv_cCore, "shutdown", core_shutdown, -1);
     rb_define_method(sv_cCore, "stats", core_stats, 0);
-    rb_define_method(sv_cCore, "starved?", core_starved, 0);
     rb_define_method(sv_cCore, "waiting", core_waiting, 0);
     rb_define_method(sv_cCore, "error_events", core_error_events, 1);
     rb_define_method(sv_cCore, "wake_error_events", core_wake_error_events, 0);

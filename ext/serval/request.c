@@ -377,25 +377,10 @@ static VALUE req_queued_at(VALUE self)
     return DBL2NUM(conn_of(self)->queued_at);
 }
 
-static VALUE req_keep_alive_p(VALUE self)
-{
-    return conn_of(self)->keep_alive ? Qtrue : Qfalse;
-}
-
-static VALUE req_http10_p(VALUE self)
-{
-    return conn_of(self)->req->minor_version == 0 ? Qtrue : Qfalse;
-}
-
 static VALUE req_head_written_p(VALUE self)
 {
     sv_req *r = get(self);
     return !r->conn || r->conn->head_written ? Qtrue : Qfalse;
-}
-
-static VALUE req_finished_p(VALUE self)
-{
-    return get(self)->conn ? Qfalse : Qtrue;
 }
 
 void sv_init_request(VALUE mNative)
@@ -414,9 +399,6 @@ void sv_init_request(VALUE mNative)
     rb_define_method(sv_cRequest, "hijack", req_hijack, 0);
     rb_define_method(sv_cRequest, "early_hints", req_early_hints, 1);
     rb_define_method(sv_cRequest, "queued_at", req_queued_at, 0);
-    rb_define_method(sv_cRequest, "keep_alive?", req_keep_alive_p, 0);
-    rb_define_method(sv_cRequest, "http10?", req_http10_p, 0);
-    rb_define_method(sv_cRequest, "finished?", req_finished_p, 0);
     rb_define_method(sv_cRequest, "head_written?", req_head_written_p, 0);
     rb_define_method(sv_cRequest, "timing_begin", req_timing_begin, 2);
     rb_define_method(sv_cRequest, "timing_end", req_timing_end, 0);

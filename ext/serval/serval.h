@@ -212,7 +212,6 @@ int sv_conn_flush(sv_conn *c);
 void sv_conn_response_done(sv_conn *c);
 void sv_conn_give_to_loop_dead(sv_conn *c);
 void sv_conn_reset_request(sv_conn *c);
-void sv_conn_close_fd(sv_conn *c);
 
 /* loop.c: parse what is buffered and dispatch (loop thread only) */
 void sv_loop_process_input(sv_conn *c);

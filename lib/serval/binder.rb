@@ -230,7 +230,7 @@ module Serval
       { io: io, fd: fd, url: url, source: source }
     rescue SystemCallError, ArgumentError, SocketError => e
       log(:error, "serval: inherited fd #{fd} (#{source}) is not a listening socket: #{e.message}; ignored")
-      io&.close rescue nil # rubocop:disable Style/RescueModifier
+      io&.close rescue nil
       nil
     end
 

@@ -45,7 +45,7 @@ module Serval
       boot
       supervise
       0
-    rescue Exception # rubocop:disable Lint/RescueException
+    rescue Exception
       change_state(:failed) unless booted?
       raise
     ensure
@@ -177,7 +177,11 @@ module Serval
         handle.close
         @retiring.delete(handle)
         @workers.delete(handle.index) if @workers[handle.index].equal?(handle)
-        crashed(handle) unless handle.stopping? || @stopping
+        if handle.stopping?
+          @log_writer.info("- Worker #{handle.index} (PID: #{pid}) stopped (#{describe(status)})")
+        elsif !@stopping
+          crashed(handle)
+        end
         @options[:after_worker_shutdown].each { |hook| hook.call(handle) }
         update_title
       end
@@ -292,7 +296,7 @@ module Serval
         @signals.close
         code = Worker.new(index: index, options: @options, app: @app, binder: @binder, log_writer: @log_writer,
                           status_io: status_w, control_io: control_w).run
-      rescue Exception => e # rubocop:disable Lint/RescueException
+      rescue Exception => e
         @log_writer.exception(e, "serval: worker #{index} failed")
       end
       $stdout.flush

@@ -158,7 +158,7 @@ module Serval
     end
 
     def report_error(command, status, body)
-      message = (JSON.parse(body)["error"] rescue body) # rubocop:disable Style/RescueModifier
+      message = (JSON.parse(body)["error"] rescue body)
       @stderr.puts("servalctl: #{command} failed: #{status} #{message}")
       1
     end

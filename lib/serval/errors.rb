@@ -19,15 +19,4 @@ module Serval
   # (an invalid status, a header name that is not a token, CR/LF in a value).
   # Answered with a 500 when nothing was sent yet.
   class BadResponse < Error; end
-
-  # Marks errors caused by the client's request; the native parser answers
-  # those itself, this class exists for Ruby-side checks (e.g. reading rack.input).
-  class ClientError < Error
-    attr_reader :status
-
-    def initialize(message = nil, status: 400)
-      super(message)
-      @status = status
-    end
-  end
 end

@@ -20,7 +20,6 @@ module Serval
   class Launcher
     # Commands for #enqueue; the signals in Signals::MASTER map to the same ones.
     COMMANDS = %i[stop halt restart phased_restart reopen_logs add_worker remove_worker dump_threads].freeze
-    DUMP_SIGNAL = Signals::DUMP_SIGNAL
 
     attr_reader :mode
 
@@ -104,7 +103,7 @@ module Serval
       # does the same): without it an app's log lines on a pipe (Docker,
       # systemd) wait in Ruby's buffer until it fills or the process exits.
       def sync_output
-        [$stdout, $stderr, STDOUT, STDERR].uniq.each { |io| io.sync = true unless io.closed? } # rubocop:disable Style/GlobalStdStream
+        [$stdout, $stderr, STDOUT, STDERR].uniq.each { |io| io.sync = true unless io.closed? }
       end
 
       def thread_backtraces

@@ -52,7 +52,7 @@ module Serval
       rescue ConnectionError => e
         error = e
         request.abort
-      rescue Exception => e # rubocop:disable Lint/RescueException
+      rescue Exception => e
         error = e
         status, headers = @errors.respond(request, env, e)
       ensure

@@ -33,7 +33,7 @@ module Serval
       boot
       supervise
       @status
-    rescue Exception # rubocop:disable Lint/RescueException
+    rescue Exception
       change_state(:failed) unless booted?
       raise
     ensure
@@ -122,7 +122,7 @@ module Serval
       @stopper = Thread.new do
         Thread.current.name = "serval-stopper"
         @server.stop(@options[:drain_timeout])
-      rescue Exception => e # rubocop:disable Lint/RescueException
+      rescue Exception => e
         @log_writer.exception(e, "serval: graceful stop failed")
         @status = 1
       ensure

@@ -58,10 +58,6 @@ module Serval
       sent
     end
 
-    def notify_reloading
-      notify("RELOADING=1")
-    end
-
     def notify_stopping
       stop_watchdog
       notify("STOPPING=1")

@@ -10,7 +10,7 @@ module Serval
         Thread.current.name = name
         Thread.current.report_on_exception = false
         yield
-      rescue Exception => e # rubocop:disable Lint/RescueException
+      rescue Exception => e
         log_writer&.exception(e, "thread #{name} died")
         raise
       end

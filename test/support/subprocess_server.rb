@@ -67,6 +67,24 @@ module Serval
       raise "no line matching #{pattern.inspect} within #{timeout}s (exited: #{exited?})\n#{logs}"
     end
 
+    # Waits until count lines of stream match pattern; returns their matches.
+    def wait_for_count(pattern, count, stream: :out, timeout: 10)
+      deadline = now + timeout
+      @mutex.synchronize do
+        loop do
+          found = @lines[stream].select { |l| l.match?(pattern) }
+          return found.map { |l| l.match(pattern) } if found.size >= count
+          break if @eof && @eof >= 2
+
+          left = deadline - now
+          break if left <= 0
+
+          @cond.wait(@mutex, [left, 0.5].min)
+        end
+      end
+      raise "fewer than #{count} lines matching #{pattern.inspect} within #{timeout}s (exited: #{exited?})\n#{logs}"
+    end
+
     # Boot: waits for "Listening on" and returns the first port printed.
     def boot(timeout: 15)
       start unless @pid

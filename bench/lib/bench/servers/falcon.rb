@@ -22,11 +22,11 @@ module Bench
         gem_version("falcon") ? nil : "gem falcon not in the installed bundle"
       end
 
-      def layout(threads:, workers: 1) # rubocop:disable Lint/UnusedMethodArgument
+      def layout(threads:, workers: 1)
         "#{workers} x fibers (no thread cap)"
       end
 
-      def argv(app:, port:, threads:, workers: 1) # rubocop:disable Lint/UnusedMethodArgument
+      def argv(app:, port:, threads:, workers: 1)
         ["bundle", "exec", "falcon", "serve", "--forked", "-n", workers.to_s,
          "-b", "http://127.0.0.1:#{port}", "-c", app]
       end

@@ -36,7 +36,7 @@ module Bench
                                "METRICS_BIND" => nil, "WEB_CONCURRENCY" => nil)
         end
 
-        def argv(app:, port:, threads:, workers: 1) # rubocop:disable Lint/UnusedMethodArgument
+        def argv(app:, port:, threads:, workers: 1)
           flags = ["-C", "config/puma.rb", "-e", "production", "-b", "tcp://127.0.0.1:#{port}", "-t", "#{threads}:#{threads}"]
           case name
           when "serval" then ["bundle", "exec", "serval", *flags]
