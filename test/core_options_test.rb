@@ -20,7 +20,7 @@ class CoreOptionsTest < Minitest::Test
 
   def test_every_extreme_passes_both_or_neither
     OPTIONS.each do |key, (_default, min, max)|
-      step = min.is_a?(Integer) ? 1 : min / 2.0
+      step = if min.is_a?(Integer) then 1 elsif min.zero? then 1.0 else min / 2.0 end
       [min, max].each do |value|
         assert_equal value, Serval::Configuration.coerce(key, value), "#{key} #{value}"
         core = Serval::Native::Core.new(core_options(key, value))

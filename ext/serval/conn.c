@@ -71,6 +71,7 @@ void sv_conn_reset_request(sv_conn *c)
     c->head_only = 0;
     c->close_after = 0;
     c->head_written = 0;
+    c->since = sv_now();
     c->file_rem = 0;
     c->file_off = 0;
 }

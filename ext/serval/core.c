@@ -105,6 +105,7 @@ static const sv_opt_spec opt_specs[] = {
     {"max_connections", 1024, 1, 1000000},
     {"output_buffer", 4194304, 4096, 1 << 30},
     {"max_keepalive_requests", 1000, 1, 2147483647.0},
+    {"min_body_rate", 500, 0, 1e12},
 };
 #define SV_OPT_SPECS (sizeof(opt_specs) / sizeof(opt_specs[0]))
 
@@ -132,7 +133,7 @@ static VALUE option_table(void)
     for (size_t i = 0; i < SV_OPT_SPECS; i++) {
         const sv_opt_spec *o = &opt_specs[i];
         int integral = o->min == (double)(long long)o->min && o->def == (double)(long long)o->def &&
-                       strstr(o->name, "timeout") == NULL;
+                       strstr(o->name, "timeout") == NULL && strstr(o->name, "rate") == NULL;
         VALUE triple = integral ? rb_ary_new_from_args(3, LL2NUM((long long)o->def), LL2NUM((long long)o->min),
                                                       LL2NUM((long long)o->max))
                                 : rb_ary_new_from_args(3, DBL2NUM(o->def), DBL2NUM(o->min), DBL2NUM(o->max));
@@ -167,6 +168,7 @@ static void read_options(sv_options *o, VALUE opts)
     o->max_connections = (size_t)opt_num(opts, "max_connections");
     o->output_buffer = (size_t)opt_num(opts, "output_buffer");
     o->max_keepalive_requests = (unsigned)opt_num(opts, "max_keepalive_requests");
+    o->min_body_rate = opt_num(opts, "min_body_rate");
     o->balance = RTEST(rb_hash_lookup(opts, ID2SYM(rb_intern("balance"))));
     VALUE tmp = rb_hash_lookup2(opts, ID2SYM(rb_intern("tmpdir")), Qnil);
     const char *dir = NIL_P(tmp) ? "/tmp" : StringValueCStr(tmp);
@@ -380,6 +382,7 @@ static VALUE core_stats(VALUE self)
     rb_hash_aset(h, ID2SYM(rb_intern("queued")), LONG2NUM(queued));
     rb_hash_aset(h, ID2SYM(rb_intern("waiting")), LONG2NUM(waiting));
     rb_hash_aset(h, ID2SYM(rb_intern("accepted")), ULONG2NUM(atomic_load(&core->accepted)));
+    rb_hash_aset(h, ID2SYM(rb_intern("evicted")), ULONG2NUM(atomic_load(&core->evicted)));
     rb_hash_aset(h, ID2SYM(rb_intern("requests")), ULONG2NUM(atomic_load(&core->requests)));
     rb_hash_aset(h, ID2SYM(rb_intern("errors")), ULONG2NUM(atomic_load(&core->errors)));
     rb_hash_aset(h, ID2SYM(rb_intern("draining")), draining ? Qtrue : Qfalse);

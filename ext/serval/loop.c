@@ -154,7 +154,11 @@ static void do_accept(sv_core *core, sv_listener *l)
     int batch = core->opt.balance ? free_threads(core) : SV_ACCEPT_BATCH;
     for (int i = 0; i < batch; i++) {
         if ((size_t)atomic_load(&core->open) >= core->opt.max_connections) {
-            listeners_register(core, 0); /* resumed by the timeout scan */
+            listeners_register(core, 0); /* resumed by evict_slowest or the timeout scan */
+            /* the listener's event says a connection waits only before this
+             * batch accepted one; later, the scan's re-registration asks again */
+            if (i == 0)
+                core->evict_wanted = 1;
             return;
         }
         struct sockaddr_storage ss;
@@ -182,7 +186,8 @@ static void do_accept(sv_core *core, sv_listener *l)
             conn_destroy(c);
             continue;
         }
-        c->deadline = sv_now() + core->opt.first_data_timeout;
+        c->since = sv_now();
+        c->deadline = c->since + core->opt.first_data_timeout;
         atomic_fetch_add(&core->accepted, 1);
         if (core->opt.balance)
             set_partial(c, 1); /* a drain waits for its first request (conn_expired) */
@@ -193,6 +198,59 @@ static void do_accept(sv_core *core, sv_listener *l)
         if (epoll_ctl(core->epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
             conn_destroy(c);
     }
+}
+
+/* ---- slow clients ------------------------------------------------------- */
+
+/* A body read extends the deadline by read_timeout (the longest silence),
+ * but never past what min_body_rate allows: after a read_timeout of grace
+ * from the start of the request, the body must average min_body_rate bytes
+ * a second, so a byte every few seconds cannot hold a connection for long
+ * (mod_reqtimeout's MinRate). The head already has a whole-head deadline:
+ * read_timeout from its first byte, not extended by later bytes. */
+static double body_deadline(sv_conn *c)
+{
+    const sv_options *o = &c->core->opt;
+    double idle = sv_now() + o->read_timeout;
+    if (o->min_body_rate <= 0)
+        return idle;
+    double paced = c->since + o->read_timeout + (double)c->body_total / o->min_body_rate;
+    return paced < idle ? paced : idle;
+}
+
+/* max_connections was reached with a connection waiting to be accepted:
+ * close the loop-owned connection, waiting for a request or reading one,
+ * with the fewest bytes a second since it began waiting (an idle keep-alive
+ * connection or a trickling client goes before a client that is sending).
+ * One per round: the listener is registered again, and each accept that
+ * finds the table full asks for one more. Connections younger than
+ * SV_EVICT_MIN_AGE and those the app or the writer hold are never picked.
+ * Runs after an epoll batch, so no event of the batch names the freed
+ * connection. Returns 1 when one was closed. */
+static int evict_slowest(sv_core *core, double now)
+{
+    sv_conn *victim = NULL;
+    double slowest = 0;
+    pthread_mutex_lock(&core->mu);
+    for (size_t i = 0; i < core->nconns; i++) {
+        sv_conn *c = core->conns[i];
+        if (atomic_load(&c->owner) != SV_OWN_LOOP || (c->state != SV_ST_HEAD && c->state != SV_ST_BODY))
+            continue;
+        double age = now - c->since;
+        if (age < SV_EVICT_MIN_AGE)
+            continue;
+        double rate = ((double)c->in.len + (double)c->body_total + 1.0) / age;
+        if (!victim || rate < slowest) {
+            victim = c;
+            slowest = rate;
+        }
+    }
+    pthread_mutex_unlock(&core->mu);
+    if (!victim)
+        return 0;
+    atomic_fetch_add(&core->evicted, 1);
+    conn_destroy(victim);
+    return 1;
 }
 
 /* ---- answering and closing --------------------------------------------- */
@@ -393,7 +451,7 @@ static void chunked_step(sv_conn *c)
         c->consumed = head;
         dispatch(c);
     } else {
-        c->deadline = sv_now() + c->core->opt.read_timeout;
+        c->deadline = body_deadline(c);
         sv_loop_arm(c, EPOLLIN);
     }
 }
@@ -524,7 +582,6 @@ static int reparse_head(sv_conn *c)
 
 static void read_body(sv_conn *c)
 {
-    sv_options *o = &c->core->opt;
     size_t head = c->req->head_len;
     size_t old_cap = c->in.cap;
     if (sv_buf_reserve(&c->in, SV_BODY_WINDOW / 4, head + SV_BODY_WINDOW) != 0) {
@@ -567,7 +624,7 @@ static void read_body(sv_conn *c)
             dispatch(c);
             return;
         }
-        c->deadline = sv_now() + o->read_timeout;
+        c->deadline = body_deadline(c);
     }
     sv_loop_arm(c, EPOLLIN);
 }
@@ -670,7 +727,11 @@ static void scan_timeouts(sv_core *core, double now)
             conn_destroy(c);
     }
     free(hit);
-    if (!draining && core->accepting == 0 && (size_t)atomic_load(&core->open) < core->opt.max_connections)
+    /* Below max_connections: accept again. At it: listen anyway, so that a
+     * connection waiting in the backlog makes do_accept ask evict_slowest for
+     * room (a full table with nobody waiting costs nothing). */
+    if (!draining && core->accepting == 0 &&
+        ((size_t)atomic_load(&core->open) < core->opt.max_connections || !core->balance_paused))
         listeners_register(core, 1);
 }
 
@@ -723,6 +784,11 @@ static void *loop_main(void *arg)
             pthread_mutex_unlock(&core->mu);
         }
         double now = sv_now();
+        if (core->evict_wanted && !draining) {
+            core->evict_wanted = 0;
+            if (evict_slowest(core, now) > 0)
+                listeners_register(core, 1); /* the waiting connections are taken next round */
+        }
         if (now >= core->next_scan || draining) {
             scan_timeouts(core, now);
             core->next_scan = now + SV_SCAN_INTERVAL_MS / 1000.0;

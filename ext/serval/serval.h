@@ -26,6 +26,7 @@
 #define SV_LINGER_SECONDS 2.0        /* lingering close after an error response */
 #define SV_SCAN_INTERVAL_MS 50       /* timeout scan granularity */
 #define SV_ACCEPT_BATCH 64           /* accepts per listener event */
+#define SV_EVICT_MIN_AGE 0.25        /* seconds: a connection this new is never evicted */
 #define SV_EVENTS 128                /* epoll events per wait */
 #define SV_REMOTE_MAX 64
 #define SV_DRAIN_ACK_SECONDS 1.0     /* Core#drain waits this long for the loop to stop accepting */
@@ -106,6 +107,7 @@ typedef struct sv_conn {
     int partial;                 /* counted in core->partial */
     unsigned nreq;               /* requests served on this connection */
     double deadline;             /* monotonic seconds */
+    double since;                /* monotonic: when waiting for the current request began */
     double queued_at;
 
     /* response side */
@@ -134,6 +136,7 @@ typedef struct {
     size_t max_connections;
     size_t output_buffer;
     unsigned max_keepalive_requests;
+    double min_body_rate;        /* bytes/s a body must average after read_timeout; 0: off */
     int balance;                 /* cluster worker: accept only while a Ruby thread is free */
     char tmpdir[1024];
 } sv_options;
@@ -150,6 +153,7 @@ struct sv_core {
     sv_listener listeners[SV_MAX_LISTENERS];
     int nlisteners;
     int accepting;               /* listeners registered with epoll (loop only) */
+    int evict_wanted;            /* an accept found max_connections reached (loop only) */
 
     sv_conn **conns;             /* slot table, loop only */
     size_t nconns;
@@ -171,6 +175,7 @@ struct sv_core {
 
     _Atomic long partial;        /* loop-owned conns holding a partial request */
     _Atomic unsigned long accepted;
+    _Atomic unsigned long evicted;   /* connections closed to make room at max_connections */
     _Atomic unsigned long requests;
     _Atomic unsigned long errors;
     _Atomic long open;           /* open connections */

@@ -47,6 +47,7 @@ module Serval
       max_connections: CORE[:max_connections][0],
       output_buffer: CORE[:output_buffer][0],
       max_keepalive_requests: CORE[:max_keepalive_requests][0],
+      min_body_rate: CORE[:min_body_rate][0],
       tmpdir: Dir.tmpdir.dup.freeze,
       drain_timeout: 30.0,
       thread_idle_timeout: 30.0,
@@ -108,6 +109,7 @@ module Serval
       max_connections: [:int, *CORE[:max_connections][1, 2]],
       output_buffer: [:int, *CORE[:output_buffer][1, 2]],
       max_keepalive_requests: [:int, *CORE[:max_keepalive_requests][1, 2]],
+      min_body_rate: [:seconds, *CORE[:min_body_rate][1, 2]], # a plain number: bytes per second
       tmpdir: [:directory],
       drain_timeout: [:seconds, 0.0, DAY],
       thread_idle_timeout: [:seconds, 0.001, DAY],

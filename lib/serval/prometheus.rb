@@ -23,6 +23,7 @@ module Serval
       requests_count: ["serval_requests_total", :counter, "Requests handed to the app"],
       connections: ["serval_connections", :gauge, "Open client connections"],
       accepted: ["serval_connections_accepted_total", :counter, "Connections accepted"],
+      evicted: ["serval_connections_evicted_total", :counter, "Slowest connections closed to make room at max_connections"],
       rejected: ["serval_requests_rejected_total", :counter, "Requests answered with an error by the I/O core (4xx/5xx before the app)"],
       workers: ["serval_workers", :gauge, "Configured workers"],
       booted_workers: ["serval_booted_workers", :gauge, "Workers booted and serving"],
