@@ -85,6 +85,8 @@ static sv_win_bucket *bucket_at(double now)
 {
     int64_t epoch = (int64_t)floor(now / SV_WIN_SPAN);
     sv_win_bucket *b = &buckets[((epoch % SV_WIN_BUCKETS) + SV_WIN_BUCKETS) % SV_WIN_BUCKETS];
+    if (b->epoch > epoch)
+        return NULL; /* older than the window: its slot holds a newer bucket */
     if (b->epoch != epoch) {
         memset(b, 0, offsetof(sv_win_bucket, res)); /* the reservoir is overwritten as it refills */
         b->epoch = epoch;
@@ -99,6 +101,8 @@ static sv_win_bucket *bucket_at(double now)
 void sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods)
 {
     sv_win_bucket *b = bucket_at(now);
+    if (!b)
+        return;
     b->requests++;
     if (idle_periods >= 0) {
         b->split++;
@@ -129,7 +133,8 @@ static double opt_now(int argc, VALUE *argv)
 /* Timing.window_buckets(now = monotonic) -> [seconds covered, bounds,
  * buckets younger than the window, newest first], each bucket
  * [start, requests, split, idle_periods, counts (figure-major), sums,
- * samples (flat, SV_WIN_FIG per request, nil where not measured)]. */
+ * samples (flat, SV_WIN_FIG per request, nil where not measured), requests
+ * the samples were drawn from]. */
 static VALUE win_buckets(int argc, VALUE *argv, VALUE klass)
 {
     rb_check_arity(argc, 0, 1);
@@ -156,8 +161,9 @@ static VALUE win_buckets(int argc, VALUE *argv, VALUE klass)
         for (uint32_t s = 0; s < b->n; s++)
             for (int k = 0; k < SV_WIN_FIG; k++)
                 rb_ary_push(samples, isnan(b->res[s].f[k]) ? Qnil : DBL2NUM(b->res[s].f[k]));
-        VALUE row = rb_ary_new_from_args(7, DBL2NUM((double)e * SV_WIN_SPAN), ULL2NUM(b->requests),
-                                         ULL2NUM(b->split), ULL2NUM(b->idle_periods), counts, sums, samples);
+        VALUE row = rb_ary_new_from_args(8, DBL2NUM((double)e * SV_WIN_SPAN), ULL2NUM(b->requests),
+                                         ULL2NUM(b->split), ULL2NUM(b->idle_periods), counts, sums, samples,
+                                         ULL2NUM(b->seen));
         rb_ary_push(out, row);
     }
     return rb_ary_new_from_args(3, DBL2NUM(covered < 0 ? 0 : covered), bounds, out);
