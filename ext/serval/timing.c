@@ -199,13 +199,13 @@ void sv_tm_end(sv_tm *t)
     if (t->finished)
         return;
     t->finished = 1;
+    if (t->has_gvl) /* first: the GVL span lies inside start_ns .. end_ns */
+        t->has_gvl = sv_gvl_mark(0, t->gvl1);
     t->end_ns = clock_ns(CLOCK_MONOTONIC);
     if (t->has_gc)
         t->gc1 = gc_ns();
     if (t->has_cpu)
         t->cpu1 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
-    if (t->has_gvl)
-        t->has_gvl = sv_gvl_mark(0, t->gvl1);
     if (t->has_pool)
         t->has_pool = sv_pool_wait_counters(t->pw1);
     double wall = (double)(t->end_ns - t->start_ns) / 1e9;

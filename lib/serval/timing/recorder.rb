@@ -57,6 +57,7 @@ module Serval
       # fresh aggregates. Returns whether the run/idle/stall split is available.
       def enable
         Timing.reset_aggregate
+        Timing.window_reset
         Native::GVL.enable
         Native::GVL.enabled?
       end
