@@ -91,6 +91,7 @@ class ControlAppTest < Minitest::Test
     assert_equal 200, status
     assert_equal 2, json["requests"]
     assert_equal [{ "run" => 0.001, "idle" => 0.002, "wall" => 0.003 }], json["samples"]
+    @launcher.singleton_class.send(:remove_method, :window)
     @launcher.define_singleton_method(:window) { nil } # timing off
     status, _, json = get("/window")
     assert_equal 501, status

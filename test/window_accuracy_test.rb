@@ -79,6 +79,7 @@ class WindowAccuracyTest < Minitest::Test
   # stall, not their run), and the spinner's GVL shows as held outside requests.
   def test_a_thread_outside_requests_is_visible_but_not_in_request_run
     with_server(SPLIT_APP, max_threads: 1) do |server, port|
+      refute_includes server.window[:histograms].keys, :pool_wait, "no Active Record: no pool_wait"
       recorder = server.instance_variable_get(:@handler).timing
       before = recorder.stats["gvl_outside_requests_seconds_total"][:value]
       stop = false
@@ -95,7 +96,9 @@ class WindowAccuracyTest < Minitest::Test
       w = server.window
       outside = recorder.stats["gvl_outside_requests_seconds_total"][:value] - before
       mean_run = w[:histograms][:run][:sum] / w[:requests]
-      assert_operator mean_run, :<, 0.008, "a request's run is its own 4 ms, not the spinner's"
+      # The spinner keeps the GVL for a 100 ms time slice at a time: filed as
+      # the requests' run it would make their mean run tens of ms.
+      assert_operator mean_run, :<, 0.03, "a request's run is its own 4 ms, not the spinner's"
       assert_operator share(w, :stall), :>, 0.1, "the spinner holds the GVL the requests wait for"
       assert_operator outside, :>=, cpu * 0.8, "the spinner's GVL time (#{cpu.round(3)} s CPU) is visible"
     end

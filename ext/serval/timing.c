@@ -216,7 +216,7 @@ void sv_tm_end(sv_tm *t)
     add(TM_QUEUE, t->queue);
     if (!isnan(t->upstream))
         add(TM_UPSTREAM, t->upstream);
-    f[SV_WIN_POOL] = t->has_pool ? (double)pw_delta(t, 0) / 1e9 : 0.0;
+    f[SV_WIN_POOL] = t->has_pool ? (double)pw_delta(t, 0) / 1e9 : NAN; /* absent without Active Record */
     if (t->has_pool)
         add(TM_POOL, f[SV_WIN_POOL]);
     if (t->has_cpu)

@@ -36,7 +36,7 @@ module Serval
                                             "(Ruby < 3.2: wall - CPU of sampled requests)"],
         "request_stall_seconds_total" => [3, "Seconds requests waited for the GVL, summed (0 on Ruby < 3.2)"],
         "request_pool_wait_seconds_total" => [5, "Seconds requests were blocked checking out a database " \
-                                                 "connection, summed"],
+                                                 "connection, summed (only with Active Record)"],
         "request_wall_seconds_total" => [nil, "Seconds from app call to response handed to the core, " \
                                               "summed over every request"]
       }.freeze
@@ -109,7 +109,10 @@ module Serval
 
       # Monotonic figures: take nothing from the previous read.
       def counters(out, sums, wall_total, timed, split)
+        pool_wait = Native::PoolWait.enabled?
         COUNTERS.each do |name, (index, help)|
+          next if index == 5 && !pool_wait # as the histogram: only with Active Record
+
           out[name] = { type: :counter, help: help, value: index ? sums[index] : wall_total }
         end
         out["requests_timed_total"] = { type: :counter, value: timed,
