@@ -84,4 +84,28 @@ class ClusterControlTest < Minitest::Test
     assert_equal pids, worker_pids(server), "the same workers, none killed for a missed check-in"
     refute_match(/timed out/, server.stderr + server.stdout)
   end
+  # Requests spread over both workers (each connection is one request; the
+  # kernel and balance pick the worker): the window is the sum of theirs.
+  def test_window_merges_the_workers_windows
+    server = boot
+    pids = worker_pids(server)
+    40.times do
+      TCPSocket.open("127.0.0.1", server.port) do |s|
+        s.write("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert_match(%r{\AHTTP/1\.1 200}, s.read)
+      end
+    end
+    status, w = control(server, "/window")
+    assert_equal 200, status, w.inspect
+    assert_equal 2, w["processes"]
+    assert_empty w["missing"]
+    assert_equal pids, w["per_process"].to_h { |p| [p["index"], p["pid"]] }
+    assert_equal 40, w["requests"]
+    assert_equal 40, w["per_process"].sum { |p| p["requests"] }
+    assert_equal 40, w["histograms"]["wall"]["counts"].sum
+    assert_equal Serval::Native::GVL.supported?, w["gvl_split"]
+    assert_operator w["samples"].size, :<=, 40
+    _, stats = control(server, "/stats")
+    refute_includes JSON.generate(stats), "samples", "the samples stay out of /stats and check-ins"
+  end
 end

@@ -84,6 +84,20 @@ class ControlAppTest < Minitest::Test
     assert json.key?("heap_live_slots")
   end
 
+  def test_window
+    window = { requests: 2, samples: [{ run: 0.001, idle: 0.002, wall: 0.003 }], processes: 1, missing: [] }
+    @launcher.define_singleton_method(:window) { window }
+    status, _, json = get("/window")
+    assert_equal 200, status
+    assert_equal 2, json["requests"]
+    assert_equal [{ "run" => 0.001, "idle" => 0.002, "wall" => 0.003 }], json["samples"]
+    @launcher.singleton_class.send(:remove_method, :window)
+    @launcher.define_singleton_method(:window) { nil } # timing off
+    status, _, json = get("/window")
+    assert_equal 501, status
+    assert_match(/timing is off/, json["error"])
+  end
+
   def test_commands_are_enqueued
     { "/stop" => :stop, "/halt" => :halt, "/restart" => :restart, "/phased-restart" => :phased_restart,
       "/reopen-logs" => :reopen_logs }.each do |path, command|

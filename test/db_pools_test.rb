@@ -148,6 +148,12 @@ class DbPoolsTest < Minitest::Test
     end
     waits = log.map { |l| Float(l[/ pool_wait=(\d+\.\d\d)$/, 1] || flunk("no pool_wait in #{l}")) }
     assert_equal 2, waits.count(&:positive?), log.join
+    # the rolling window keeps each request's pool_wait with its other figures; the counter sums them
+    waited = control(ctl, "/window")[:samples].select { |x| x[:pool_wait].positive? }
+    assert_equal 2, waited.size, "the window's samples"
+    waited.each { |x| assert_operator x[:pool_wait], :>=, released - seen_waiting, x.inspect }
+    total = Float(get(metrics, "/metrics").body[/^serval_request_pool_wait_seconds_total (\S+)$/, 1] || flunk("no counter"))
+    assert_operator total, :>=, 2 * (released - seen_waiting)
     assert_equal 0, control(ctl, "/stats")[:db_pools].first[:waiting]
     warning = server.wait_for(/^WARNING: max_threads.*/, stream: :err)[0]
     assert_match(/\AWARNING: max_threads 5 \([^)]+\) .*"primary": 2 \(database config "primary" pool\)/, warning)

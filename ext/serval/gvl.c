@@ -47,6 +47,7 @@
 #define SV_GVL_SLOTS 512            /* threads tracked at once */
 #define SV_PW_FIGURES 4             /* pool wait: wall, run, idle, stall */
 #define SV_GVL_TRACE_CAP 262144     /* events per trace (16 bytes each) */
+#define SV_IO_MIN_NS 10000          /* an idle period this long or longer counts as an I/O wait */
 
 enum { SV_GVL_RUN = 0, SV_GVL_IDLE = 1, SV_GVL_WAIT = 2 };
 
@@ -78,6 +79,8 @@ typedef struct {
     uint64_t since;             /* when state began; owner thread only */
     _Atomic uint64_t ns[3];     /* totals per state; written by the owner, read by anyone */
     sv_pool_wait pool;          /* owner thread only */
+    uint64_t idle_periods;      /* idle spans of >= SV_IO_MIN_NS ended; owner thread only */
+    int in_request;             /* between Timing begin and end; owner thread only */
 } sv_gvl_slot;
 
 typedef struct {
@@ -91,6 +94,7 @@ static rb_internal_thread_event_hook_t *hook;
 static pid_t hook_pid;
 static _Atomic int gen = 1;
 static _Atomic uint64_t run_total;  /* GVL held, all threads, finished slices */
+static _Atomic uint64_t outside_total; /* of which outside a request's measured span */
 
 static sv_gvl_event *trace_buf;
 static _Atomic int tracing;
@@ -138,6 +142,8 @@ static sv_gvl_slot *slot_of(VALUE th, int state, uint64_t now)
         for (int k = 0; k < 3; k++)
             atomic_store_explicit(&c->ns[k], 0, memory_order_relaxed);
         memset(&c->pool, 0, sizeof(c->pool));
+        c->idle_periods = 0;
+        c->in_request = 0;
         SLOT_SET(th, c);
         return c;
     }
@@ -155,8 +161,13 @@ static void on_event(rb_event_flag_t ev, const rb_internal_thread_event_data_t *
     if (s->state != next || s->since != now) {
         uint64_t dt = now - s->since;
         atomic_fetch_add_explicit(&s->ns[s->state], dt, memory_order_relaxed);
-        if (s->state == SV_GVL_RUN)
+        if (s->state == SV_GVL_RUN) {
             atomic_fetch_add_explicit(&run_total, dt, memory_order_relaxed);
+            if (!s->in_request)
+                atomic_fetch_add_explicit(&outside_total, dt, memory_order_relaxed);
+        } else if (s->state == SV_GVL_IDLE && dt >= SV_IO_MIN_NS) {
+            s->idle_periods++;
+        }
         s->state = next;
         s->since = now;
     }
@@ -188,6 +199,7 @@ static VALUE gvl_enable(VALUE mod)
         for (int i = 0; i < SV_GVL_SLOTS; i++)
             atomic_store(&slots[i].used, 0);
         atomic_store(&run_total, 0);
+        atomic_store(&outside_total, 0);
     }
     hook = rb_internal_thread_add_event_hook(on_event,
         RUBY_INTERNAL_THREAD_EVENT_READY | RUBY_INTERNAL_THREAD_EVENT_RESUMED |
@@ -201,17 +213,23 @@ static VALUE gvl_enabled_p(VALUE mod)
     return hook && hook_pid == getpid() ? Qtrue : Qfalse;
 }
 
-/* [run_ns_total, waiting_threads]: GVL held by all threads since enable, and
- * how many threads are waiting for it now. */
+/* [run_ns_total, waiting_threads, outside_ns_total]: GVL held by all threads
+ * since enable, how many threads are waiting for it now, and the part of the
+ * first held outside a request's measured span (app and library threads,
+ * Serval's own between requests). */
 static VALUE gvl_global(VALUE mod)
 {
     if (!hook)
         return Qnil;
     uint64_t now = now_ns(CLOCK_MONOTONIC);
     uint64_t run = atomic_load_explicit(&run_total, memory_order_relaxed);
+    uint64_t outside = atomic_load_explicit(&outside_total, memory_order_relaxed);
     sv_gvl_slot *self = current_slot(now);
-    if (self && self->state == SV_GVL_RUN)
+    if (self && self->state == SV_GVL_RUN) {
         run += now - self->since;
+        if (!self->in_request)
+            outside += now - self->since;
+    }
     int g = atomic_load(&gen);
     long waiting = 0;
     for (int i = 0; i < SV_GVL_SLOTS; i++) {
@@ -219,7 +237,7 @@ static VALUE gvl_global(VALUE mod)
         if (atomic_load_explicit(&s->used, memory_order_relaxed) && s->gen == g && s->state == SV_GVL_WAIT)
             waiting++;
     }
-    return rb_assoc_new(ULL2NUM(run), LONG2NUM(waiting));
+    return rb_ary_new_from_args(3, ULL2NUM(run), LONG2NUM(waiting), ULL2NUM(outside));
 }
 
 static VALUE gvl_trace_start(VALUE mod)
@@ -304,6 +322,40 @@ int sv_gvl_counters(uint64_t out[3])
     out[2] = atomic_load_explicit(&s->ns[SV_GVL_WAIT], memory_order_relaxed);
     return 1;
 #else
+    (void)out;
+    return 0;
+#endif
+}
+
+/* Marks the calling thread as inside (1) or outside (0) a request's measured
+ * span, closing its running slice at this instant so the GVL it held so far
+ * is filed on the right side; fills out with its run/idle/stall ns and idle
+ * periods so far. 0 without the hook. */
+int sv_gvl_mark(int in_request, uint64_t out[4])
+{
+#ifdef SV_GVL_HOOK
+    if (!hook)
+        return 0;
+    uint64_t now = now_ns(CLOCK_MONOTONIC);
+    sv_gvl_slot *s = current_slot(now);
+    if (!s)
+        return 0;
+    if (s->state == SV_GVL_RUN) {
+        uint64_t dt = now - s->since;
+        atomic_fetch_add_explicit(&s->ns[SV_GVL_RUN], dt, memory_order_relaxed);
+        atomic_fetch_add_explicit(&run_total, dt, memory_order_relaxed);
+        if (!s->in_request)
+            atomic_fetch_add_explicit(&outside_total, dt, memory_order_relaxed);
+        s->since = now;
+    }
+    s->in_request = in_request;
+    out[0] = atomic_load_explicit(&s->ns[SV_GVL_RUN], memory_order_relaxed);
+    out[1] = atomic_load_explicit(&s->ns[SV_GVL_IDLE], memory_order_relaxed);
+    out[2] = atomic_load_explicit(&s->ns[SV_GVL_WAIT], memory_order_relaxed);
+    out[3] = s->idle_periods;
+    return 1;
+#else
+    (void)in_request;
     (void)out;
     return 0;
 #endif

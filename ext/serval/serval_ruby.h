@@ -22,7 +22,7 @@ typedef struct {
     uint64_t start_ns, end_ns;
     uint64_t cpu0, cpu1;         /* thread CPU ns; valid when has_cpu */
     uint64_t gc0, gc1;           /* GC.total_time ns */
-    uint64_t gvl0[3], gvl1[3];   /* run, idle, stall ns; valid when has_gvl */
+    uint64_t gvl0[4], gvl1[4];   /* run, idle, stall ns, idle periods; valid when has_gvl */
     uint64_t pw0[4], pw1[4];     /* pool wait: wall, run, idle, stall ns; valid when has_pool */
     double queue;
     double upstream;             /* NaN when no header */
@@ -35,6 +35,11 @@ VALUE sv_timing_new(sv_tm **out);
 VALUE sv_timing_env_key(void);
 double sv_request_queued_at(VALUE req);
 int sv_gvl_counters(uint64_t out[3]);
+int sv_gvl_mark(int in_request, uint64_t out[4]);
+/* The rolling window (ext/serval/window.c): figures in this order. */
+enum { SV_WIN_QUEUE = 0, SV_WIN_RUN, SV_WIN_IDLE, SV_WIN_STALL, SV_WIN_POOL, SV_WIN_WALL, SV_WIN_CPU, SV_WIN_FIG };
+void sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods);
+void sv_init_window(VALUE cTiming);
 int sv_pool_wait_counters(uint64_t out[4]);
 void sv_init_timing(VALUE mServal);
 double sv_upstream_epoch(const char *p, long n);

@@ -35,6 +35,8 @@ enum { TM_QUEUE = 0, TM_RUN, TM_IDLE, TM_STALL, TM_UPSTREAM, TM_POOL };
 static uint64_t agg_counts[SV_TM_METRICS][SV_TM_SLOTS];
 static double agg_sums[SV_TM_METRICS];
 static double agg_cpu;
+static double agg_wall;          /* wall seconds of every timed request */
+static uint64_t agg_timed;       /* timed requests */
 
 
 static VALUE cTiming, k_timing, k_xrs, k_xqs;
@@ -119,7 +121,7 @@ void sv_tm_begin(sv_tm *t, double queued_at, VALUE env, int detailed)
     double q = (double)t->start_ns / 1e9 - queued_at;
     t->queue = q < 0 ? 0 : q;
     t->upstream = NAN;
-    t->has_gvl = sv_gvl_counters(t->gvl0);
+    t->has_gvl = sv_gvl_mark(1, t->gvl0);
     t->has_pool = sv_pool_wait_counters(t->pw0);
     /* every request: the upstream queue histogram (two hash lookups) */
     VALUE h = rb_hash_lookup2(env, k_xrs, Qnil);
@@ -197,30 +199,42 @@ void sv_tm_end(sv_tm *t)
     if (t->finished)
         return;
     t->finished = 1;
+    if (t->has_gvl) /* first: the GVL span lies inside start_ns .. end_ns */
+        t->has_gvl = sv_gvl_mark(0, t->gvl1);
     t->end_ns = clock_ns(CLOCK_MONOTONIC);
     if (t->has_gc)
         t->gc1 = gc_ns();
     if (t->has_cpu)
         t->cpu1 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
-    if (t->has_gvl)
-        t->has_gvl = sv_gvl_counters(t->gvl1);
     if (t->has_pool)
         t->has_pool = sv_pool_wait_counters(t->pw1);
+    double wall = (double)(t->end_ns - t->start_ns) / 1e9;
+    double f[SV_WIN_FIG] = {t->queue, NAN, NAN, NAN, NAN, wall, NAN};
+    long idle_periods = -1;
+    agg_wall += wall;
+    agg_timed++;
     add(TM_QUEUE, t->queue);
     if (!isnan(t->upstream))
         add(TM_UPSTREAM, t->upstream);
+    f[SV_WIN_POOL] = t->has_pool ? (double)pw_delta(t, 0) / 1e9 : NAN; /* absent without Active Record */
     if (t->has_pool)
-        add(TM_POOL, (double)pw_delta(t, 0) / 1e9);
+        add(TM_POOL, f[SV_WIN_POOL]);
+    if (t->has_cpu)
+        f[SV_WIN_CPU] = (double)(t->cpu1 - t->cpu0) / 1e9;
     if (t->has_gvl) {
-        add(TM_RUN, (double)gvl_part(t, 0) / 1e9);
-        add(TM_IDLE, (double)gvl_part(t, 1) / 1e9);
-        add(TM_STALL, (double)gvl_part(t, 2) / 1e9);
+        for (int k = 0; k < 3; k++) {
+            f[SV_WIN_RUN + k] = (double)gvl_part(t, k) / 1e9;
+            add(TM_RUN + k, f[SV_WIN_RUN + k]);
+        }
+        idle_periods = (long)(t->gvl1[3] - t->gvl0[3]);
     } else if (t->has_cpu) {
-        double cpu = (double)(t->cpu1 - t->cpu0) / 1e9;
-        agg_cpu += cpu;
-        add(TM_RUN, cpu);
-        add(TM_IDLE, cpu_wait(t));
+        agg_cpu += f[SV_WIN_CPU];
+        f[SV_WIN_RUN] = f[SV_WIN_CPU];
+        f[SV_WIN_IDLE] = cpu_wait(t);
+        add(TM_RUN, f[SV_WIN_RUN]);
+        add(TM_IDLE, f[SV_WIN_IDLE]);
     }
+    sv_win_record((double)t->end_ns / 1e9, f, idle_periods);
 }
 
 static VALUE tm_finish(VALUE self)
@@ -293,7 +307,8 @@ static VALUE tm_gvl_split_p(VALUE self)
     return get(self)->has_gvl ? Qtrue : Qfalse;
 }
 
-/* [flat counts (metric-major, SV_TM_SLOTS each), sums, cpu_total, bucket bounds]. */
+/* [flat counts (metric-major, SV_TM_SLOTS each), sums, cpu_total, bucket
+ * bounds, wall_total, timed requests]. */
 static VALUE tm_aggregate(VALUE klass)
 {
     VALUE counts = rb_ary_new_capa(SV_TM_METRICS * SV_TM_SLOTS);
@@ -306,7 +321,7 @@ static VALUE tm_aggregate(VALUE klass)
     VALUE le = rb_ary_new_capa(SV_TM_BUCKETS);
     for (int i = 0; i < SV_TM_BUCKETS; i++)
         rb_ary_push(le, DBL2NUM(bucket_le[i]));
-    return rb_ary_new_from_args(4, counts, sums, DBL2NUM(agg_cpu), le);
+    return rb_ary_new_from_args(6, counts, sums, DBL2NUM(agg_cpu), le, DBL2NUM(agg_wall), ULL2NUM(agg_timed));
 }
 
 /* Zeroes the aggregates (a forked child starts its own). */
@@ -315,6 +330,8 @@ static VALUE tm_reset(VALUE klass)
     memset(agg_counts, 0, sizeof(agg_counts));
     memset(agg_sums, 0, sizeof(agg_sums));
     agg_cpu = 0;
+    agg_wall = 0;
+    agg_timed = 0;
     return Qnil;
 }
 
@@ -359,4 +376,5 @@ void sv_init_timing(VALUE mServal)
     rb_define_method(cTiming, "started_ns", tm_started_ns, 0);
     rb_define_method(cTiming, "finished_ns", tm_finished_ns, 0);
     rb_define_method(cTiming, "gvl_split?", tm_gvl_split_p, 0);
+    sv_init_window(cTiming);
 }

@@ -74,6 +74,18 @@ module Serval
       GVLTrace.merge(answers, missing)
     end
 
+    # Every booted worker's rolling window, asked at once and merged
+    # (Timing::Window.merge) with processes, per_process and missing.
+    def window
+      require "serval/timing"
+      answers, missing = ask_workers(:window, CommandChannel::GRACE)
+      windows = answers.map { |a| a[:result] }.compact
+      Timing::Window.merge(windows).merge(
+        processes: windows.size, missing: missing,
+        per_process: answers.map { |a| { index: a[:index], pid: a[:pid], requests: a[:result]&.fetch(:requests, 0) } }
+      )
+    end
+
     # The master's threads and every booted worker's.
     def thread_backtraces
       answers, missing = ask_workers(:backtraces, CommandChannel::GRACE)

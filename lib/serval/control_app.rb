@@ -24,7 +24,8 @@ module Serval
       "/stats" => :stats,
       "/thread-backtraces" => :thread_backtraces,
       "/gc-stats" => :gc_stats,
-      "/gvl-trace" => :gvl_trace
+      "/gvl-trace" => :gvl_trace,
+      "/window" => :window
     }.freeze
 
     MAX_TRACE_SECONDS = 60
@@ -80,6 +81,15 @@ module Serval
 
     def gc_stats(_params)
       answer(200, GC.stat)
+    end
+
+    # The last minute of requests, per figure (Launcher#window): what
+    # /advice decides from. 501 without timing (timing false) or a launcher.
+    def window(_params)
+      w = @launcher.respond_to?(:window) ? @launcher.window : nil
+      return answer(501, error: "no request window here (timing is off)") unless w
+
+      answer(200, w)
     end
 
     # The launcher hands over the trace as JSON text (it can be tens of MB,

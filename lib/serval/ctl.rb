@@ -18,7 +18,8 @@ module Serval
   # configuration error, 3 the server could not be reached.
   class Ctl
     COMMANDS = %w[stats status stop halt restart phased-restart reopen-logs thread-backtraces gc-stats
-                  gvl-trace].freeze
+                  gvl-trace window].freeze
+    WINDOW_FIGURES = %w[queue run idle stall pool_wait wall].freeze
     CONNECT_TIMEOUT = 5
     READ_TIMEOUT = 15
 
@@ -34,6 +35,7 @@ module Serval
       @config = nil
       @seconds = nil
       @output = nil
+      @json = false
     end
 
     def run
@@ -75,6 +77,7 @@ module Serval
         o.on("-S", "--state PATH", "Read the URL and token from a state file") { |v| @state = v }
         o.on("-C", "--config FILE", "Read control_url, token and state_path from a config file") { |v| @config = v }
         o.on("--seconds N", Float, "gvl-trace: how long to record (default 1)") { |v| @seconds = v }
+        o.on("--json", "window: print the window as JSON (with its samples)") { @json = true }
         o.on("-o", "--output FILE", "gvl-trace: write the trace to FILE (default: stdout)") { |v| @output = v }
         o.on("-V", "--version", "Print the version") { done(@stdout.puts("servalctl #{VERSION}")) }
         o.on("-h", "--help", "Show this help") { done(@stdout.puts(o.help)) }
@@ -168,6 +171,7 @@ module Serval
       when "status" then @stdout.puts(status_line(data))
       when "thread-backtraces" then show_backtraces(data)
       when "stats", "gc-stats" then @stdout.puts(JSON.pretty_generate(data))
+      when "window" then @json ? @stdout.puts(JSON.generate(data)) : show_window(data)
       else @stdout.puts("#{command}: sent")
       end
     end
@@ -189,6 +193,27 @@ module Serval
     rescue SystemCallError => e
       @stderr.puts("servalctl: gvl-trace: cannot write #{@output} (#{e.message})")
       1
+    end
+
+    # The window's figures in ms: mean (from the histogram sums, every
+    # request) and p50 / p95 / p99 of the sampled requests.
+    def show_window(data)
+      samples = Array(data["samples"])
+      @stdout.puts(format("window: %<r>d requests in %<s>.1f s, %<p>s process(es), %<n>d sampled, gvl split %<g>s",
+                          r: data["requests"].to_i, s: data["seconds"].to_f, p: data["processes"] || 1,
+                          n: samples.size, g: data["gvl_split"] ? "yes" : "no (Ruby < 3.2: run = CPU)"))
+      @stdout.puts(format("%-10s %10s %10s %10s %10s", "figure", "mean ms", "p50 ms", "p95 ms", "p99 ms"))
+      WINDOW_FIGURES.each do |f|
+        hist = data.dig("histograms", f)
+        values = samples.filter_map { |x| x[f] }.sort
+        next unless hist || values.any?
+
+        mean = hist && hist["counts"].sum.positive? ? hist["sum"].to_f / hist["counts"].sum : nil
+        cells = [mean, *[0.5, 0.95, 0.99].map { |q| values.empty? ? nil : values[((values.size - 1) * q).round] }]
+        @stdout.puts(format("%-10s %10s %10s %10s %10s", f, *cells.map { |v| v ? format("%.2f", v * 1e3) : "-" }))
+      end
+      @stdout.puts("io waits per request: #{data['io_waits']}") if data["io_waits"]
+      Array(data["missing"]).each { |m| @stdout.puts("worker #{m['index']} (pid #{m['pid']}): no answer (#{m['error']})") }
     end
 
     def status_line(stats)

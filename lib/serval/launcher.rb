@@ -95,6 +95,11 @@ module Serval
     # as Chrome trace-event JSON text; NotImplementedError before Ruby 3.2.
     def gvl_trace(seconds) = @impl.gvl_trace(seconds)
 
+    # The last minute of requests (Serval::Timing::Window's shape, which
+    # Serval::Advice::Window reads): the server's in single mode; in cluster
+    # mode every worker's, merged, with per_process and missing workers.
+    def window = @impl.window
+
     # Helpers shared by Single and Cluster (the process that supervises).
     module Support
       module_function

@@ -107,6 +107,15 @@ module Serval
       end
     end
 
+    # The last minute of this process's requests (Timing::Window.read: the
+    # shape Serval::Advice::Window takes); nil with timing off.
+    def window(now: nil)
+      return nil unless @handler.timing
+
+      Timing::Window.read(now: now, max_threads: @thread_pool.stats[:max_threads], db_pools: db_pools,
+                          gvl_split: @handler.timing.gvl_split?)
+    end
+
     # Active Record's pools ({name:, size:, connections:, busy:, idle:,
     # waiting:, dead:} each); nil without Active Record.
     def db_pools

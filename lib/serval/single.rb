@@ -50,6 +50,13 @@ module Serval
       { started_at: @started_at }.merge(@server ? @server.stats : {})
     end
 
+    # The server's rolling window (Server#window) with processes: 1.
+    def window
+      w = @server&.window
+      w && w.merge(processes: 1, per_process: [{ index: nil, pid: Process.pid, requests: w[:requests] }],
+                   missing: [])
+    end
+
     # This process's GVL timeline as Chrome trace-event JSON text.
     def gvl_trace(seconds)
       require "json"

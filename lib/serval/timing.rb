@@ -62,3 +62,4 @@ module Serval
 end
 
 require "serval/timing/recorder"
+require "serval/timing/window"

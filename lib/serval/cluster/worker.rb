@@ -20,11 +20,13 @@ module Serval
         @log_writer = log_writer
         @status_io = status_io
         @control_io = control_io
-        @responder = CommandChannel::Responder.new(control_io, COMMANDS, log_writer)
+        commands = COMMANDS.merge(window: ->(_request) { @server&.window })
+        @responder = CommandChannel::Responder.new(control_io, commands, log_writer)
         @signals = Signals.new
       end
 
-      # What the master may ask (on a thread of the worker's own).
+      # What the master may ask (on a thread of the worker's own), besides
+      # `window` (this worker's Server#window).
       COMMANDS = {
         trace: lambda do |request|
           require "serval/gvl_trace"

@@ -25,6 +25,21 @@ module Serval
                                        "connection (not counted in run, idle or stall)"
       }.freeze
       POOL_WAIT = "request_pool_wait_seconds"
+      # Counters: seconds summed over every request (Prometheus rate() of
+      # them is a per-second share, the same for any number of scrapers).
+      # name => [index in the C sums (nil: wall), help]
+      COUNTERS = {
+        "request_queue_seconds_total" => [0, "Seconds requests waited in Serval for a thread, summed"],
+        "request_run_seconds_total" => [1, "Seconds requests held the GVL, summed (Ruby < 3.2: CPU time " \
+                                           "of sampled requests only)"],
+        "request_idle_seconds_total" => [2, "Seconds requests neither held nor wanted the GVL, summed " \
+                                            "(Ruby < 3.2: wall - CPU of sampled requests)"],
+        "request_stall_seconds_total" => [3, "Seconds requests waited for the GVL, summed (0 on Ruby < 3.2)"],
+        "request_pool_wait_seconds_total" => [5, "Seconds requests were blocked checking out a database " \
+                                                 "connection, summed (only with Active Record)"],
+        "request_wall_seconds_total" => [nil, "Seconds from app call to response handed to the core, " \
+                                              "summed over every request"]
+      }.freeze
       MIN_WINDOW = 1.0 # seconds; a read sooner than this reuses the last gauge values
 
       attr_reader :sample_rate
@@ -42,6 +57,7 @@ module Serval
       # fresh aggregates. Returns whether the run/idle/stall split is available.
       def enable
         Timing.reset_aggregate
+        Timing.window_reset
         Native::GVL.enable
         Native::GVL.enabled?
       end
@@ -66,7 +82,7 @@ module Serval
 
       # Server#stats[:timing]: the shape the Prometheus renderer takes.
       def stats
-        counts, sums, cpu_total, bounds = Timing.aggregate
+        counts, sums, cpu_total, bounds, wall_total, timed = Timing.aggregate
         slots = bounds.size + 1
         out = {}
         pool_wait = Native::PoolWait.enabled?
@@ -75,11 +91,13 @@ module Serval
 
           out[name] = histogram(help, counts[m * slots, slots], sums[m], bounds)
         end
-        utilization, waiting = gauges(cpu_total)
         split = gvl_split?
+        counters(out, sums, wall_total, timed, split)
+        utilization, waiting = gauges(cpu_total)
         out["gvl_utilization"] = { type: :gauge, value: utilization,
                                    help: "Share of wall time some thread of this process held the GVL, " \
-                                         "over the window since the previous read" \
+                                         "over the window since the previous read (deprecated: use " \
+                                         "rate(serval_gvl_held_seconds_total))" \
                                          "#{split ? '' : ' (Ruby < 3.2: CPU time of sampled requests)'}" }
         out["gvl_waiting_threads"] = { type: :gauge, value: waiting,
                                        help: "Threads waiting for the GVL now (NaN on Ruby < 3.2)" }
@@ -87,6 +105,32 @@ module Serval
                              help: "1 when run/idle/stall come from the GVL hook; 0 on Ruby < 3.2, where " \
                                    "run is CPU time and idle is wall - CPU (I/O and stall together)" }
         out
+      end
+
+      # Monotonic figures: take nothing from the previous read.
+      def counters(out, sums, wall_total, timed, split)
+        pool_wait = Native::PoolWait.enabled?
+        COUNTERS.each do |name, (index, help)|
+          next if index == 5 && !pool_wait # as the histogram: only with Active Record
+
+          out[name] = { type: :counter, help: help, value: index ? sums[index] : wall_total }
+        end
+        out["requests_timed_total"] = { type: :counter, value: timed,
+                                        help: "Requests measured into the timing figures" }
+        global = Native::GVL.global
+        held = global ? global[0] / 1e9 : Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
+        out["gvl_held_seconds_total"] = {
+          type: :counter, value: held,
+          help: "Seconds some thread of this process held the GVL, request threads and others alike" \
+                "#{split ? '' : ' (Ruby < 3.2: CPU time of the process)'}"
+        }
+        return unless global
+
+        out["gvl_outside_requests_seconds_total"] = {
+          type: :counter, value: global[2] / 1e9,
+          help: "Seconds the GVL was held outside any request: the app's own threads, library threads " \
+                "(e.g. Active Record's reaper), Serval's work between requests"
+        }
       end
 
       private

@@ -1,0 +1,205 @@
+/*
+ * The rolling window of one process's requests (Serval::Timing.window_*):
+ * the last SV_WIN_BUCKETS x SV_WIN_SPAN seconds, one bucket per span. Each
+ * bucket keeps, per figure (queue, run, idle, stall, pool_wait, wall, cpu),
+ * a histogram on fixed half-octave bounds and the sum, and a reservoir of up
+ * to SV_WIN_RES requests sampled uniformly over the bucket (Vitter's
+ * algorithm R), so memory and the cost of a request are fixed however busy
+ * the process is. sv_win_record runs at the end of every request with the
+ * GVL held, as do the readers: no lock, no allocation, no Ruby call.
+ *
+ * A bucket is reused when its slot comes round again (epoch = now / span);
+ * a reader takes the buckets younger than the window and merges them in Ruby
+ * (lib/serval/timing/window.rb).
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <ruby.h>
+#include "serval_ruby.h"
+
+#define SV_WIN_BUCKETS 6
+#define SV_WIN_SPAN 10.0          /* seconds per bucket */
+#define SV_WIN_RES 512            /* sampled requests kept per bucket */
+#define SV_WIN_BOUNDS 42          /* 10 us x 2^(i/2): 10 us .. 14.8 s */
+#define SV_WIN_SLOTS (SV_WIN_BOUNDS + 1)
+#define SV_WIN_LOW 1e-5
+
+typedef struct {
+    double f[SV_WIN_FIG];
+} sv_win_sample;
+
+typedef struct {
+    int64_t epoch;                /* -1: never used */
+    uint64_t requests;            /* every request of the bucket */
+    uint64_t split;               /* requests with the GVL split */
+    uint64_t idle_periods;        /* their idle periods, summed */
+    uint64_t counts[SV_WIN_FIG][SV_WIN_SLOTS];
+    double sums[SV_WIN_FIG];
+    uint64_t seen;                /* requests offered to the reservoir */
+    uint32_t n;                   /* held in the reservoir */
+    sv_win_sample res[SV_WIN_RES];
+} sv_win_bucket;
+
+static sv_win_bucket buckets[SV_WIN_BUCKETS];
+static double started;            /* monotonic seconds of the last reset */
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+static double mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static uint64_t next_rand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+/* The slot of v: the smallest i with v <= 10 us x 2^(i/2); SV_WIN_BOUNDS above. */
+static int slot_of(double v)
+{
+    if (!(v > SV_WIN_LOW))
+        return 0;
+    int e;
+    double m = frexp(v / SV_WIN_LOW, &e); /* v / LOW = m x 2^e, m in [0.5, 1) */
+    int i = m > M_SQRT1_2 ? 2 * e : (m > 0.5 ? 2 * e - 1 : 2 * e - 2);
+    return i > SV_WIN_BOUNDS ? SV_WIN_BOUNDS : i;
+}
+
+static void reset_all(double now)
+{
+    memset(buckets, 0, sizeof(buckets));
+    for (int b = 0; b < SV_WIN_BUCKETS; b++)
+        buckets[b].epoch = -1;
+    started = now;
+}
+
+static sv_win_bucket *bucket_at(double now)
+{
+    int64_t epoch = (int64_t)floor(now / SV_WIN_SPAN);
+    sv_win_bucket *b = &buckets[((epoch % SV_WIN_BUCKETS) + SV_WIN_BUCKETS) % SV_WIN_BUCKETS];
+    if (b->epoch > epoch)
+        return NULL; /* older than the window: its slot holds a newer bucket */
+    if (b->epoch != epoch) {
+        memset(b, 0, offsetof(sv_win_bucket, res)); /* the reservoir is overwritten as it refills */
+        b->epoch = epoch;
+    }
+    return b;
+}
+
+/* One request ending at now (monotonic seconds): f[k] in seconds, NaN when figure k was not measured. Only
+ * requests with run and idle (the GVL split, or a sampled CPU clock) enter
+ * the reservoir and the run/idle/stall/cpu histograms. idle_periods < 0:
+ * unknown. */
+void sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods)
+{
+    sv_win_bucket *b = bucket_at(now);
+    if (!b)
+        return;
+    b->requests++;
+    if (idle_periods >= 0) {
+        b->split++;
+        b->idle_periods += (uint64_t)idle_periods;
+    }
+    for (int k = 0; k < SV_WIN_FIG; k++) {
+        if (isnan(f[k]))
+            continue;
+        b->counts[k][slot_of(f[k])]++;
+        b->sums[k] += f[k];
+    }
+    if (isnan(f[SV_WIN_RUN]) || isnan(f[SV_WIN_IDLE]))
+        return;
+    uint64_t seen = ++b->seen;
+    uint64_t j = seen <= SV_WIN_RES ? seen - 1 : next_rand() % seen;
+    if (j < SV_WIN_RES) {
+        memcpy(b->res[j].f, f, sizeof(b->res[j].f));
+        if (b->n < SV_WIN_RES)
+            b->n++;
+    }
+}
+
+static double opt_now(int argc, VALUE *argv)
+{
+    return argc > 0 && !NIL_P(argv[0]) ? NUM2DBL(argv[0]) : mono();
+}
+
+/* Timing.window_buckets(now = monotonic) -> [seconds covered, bounds,
+ * buckets younger than the window, newest first], each bucket
+ * [start, requests, split, idle_periods, counts (figure-major), sums,
+ * samples (flat, SV_WIN_FIG per request, nil where not measured), requests
+ * the samples were drawn from]. */
+static VALUE win_buckets(int argc, VALUE *argv, VALUE klass)
+{
+    rb_check_arity(argc, 0, 1);
+    double now = opt_now(argc, argv);
+    int64_t epoch = (int64_t)floor(now / SV_WIN_SPAN);
+    double from = (double)(epoch - SV_WIN_BUCKETS + 1) * SV_WIN_SPAN;
+    double covered = now - (from > started ? from : started);
+    VALUE bounds = rb_ary_new_capa(SV_WIN_BOUNDS);
+    for (int i = 0; i < SV_WIN_BOUNDS; i++)
+        rb_ary_push(bounds, DBL2NUM(SV_WIN_LOW * pow(2.0, i / 2.0)));
+    VALUE out = rb_ary_new();
+    for (int64_t e = epoch; e > epoch - SV_WIN_BUCKETS; e--) {
+        sv_win_bucket *b = &buckets[((e % SV_WIN_BUCKETS) + SV_WIN_BUCKETS) % SV_WIN_BUCKETS];
+        if (b->epoch != e || b->requests == 0)
+            continue;
+        VALUE counts = rb_ary_new_capa(SV_WIN_FIG * SV_WIN_SLOTS);
+        VALUE sums = rb_ary_new_capa(SV_WIN_FIG);
+        for (int k = 0; k < SV_WIN_FIG; k++) {
+            for (int i = 0; i < SV_WIN_SLOTS; i++)
+                rb_ary_push(counts, ULL2NUM(b->counts[k][i]));
+            rb_ary_push(sums, DBL2NUM(b->sums[k]));
+        }
+        VALUE samples = rb_ary_new_capa((long)b->n * SV_WIN_FIG);
+        for (uint32_t s = 0; s < b->n; s++)
+            for (int k = 0; k < SV_WIN_FIG; k++)
+                rb_ary_push(samples, isnan(b->res[s].f[k]) ? Qnil : DBL2NUM(b->res[s].f[k]));
+        VALUE row = rb_ary_new_from_args(8, DBL2NUM((double)e * SV_WIN_SPAN), ULL2NUM(b->requests),
+                                         ULL2NUM(b->split), ULL2NUM(b->idle_periods), counts, sums, samples,
+                                         ULL2NUM(b->seen));
+        rb_ary_push(out, row);
+    }
+    return rb_ary_new_from_args(3, DBL2NUM(covered < 0 ? 0 : covered), bounds, out);
+}
+
+/* Timing.window_record(now, [queue, run, idle, stall, pool_wait, wall, cpu],
+ * idle_periods): a request at a given clock, for tests (nil: not measured). */
+static VALUE win_record(VALUE klass, VALUE now, VALUE figures, VALUE idle_periods)
+{
+    double f[SV_WIN_FIG];
+    Check_Type(figures, T_ARRAY);
+    if (RARRAY_LEN(figures) != SV_WIN_FIG)
+        rb_raise(rb_eArgError, "window_record takes %d figures", SV_WIN_FIG);
+    for (int k = 0; k < SV_WIN_FIG; k++) {
+        VALUE v = rb_ary_entry(figures, k);
+        f[k] = NIL_P(v) ? NAN : NUM2DBL(v);
+    }
+    sv_win_record(NUM2DBL(now), f, NIL_P(idle_periods) ? -1 : NUM2LONG(idle_periods));
+    return Qnil;
+}
+
+/* Timing.window_reset(now = monotonic): empties the window (a forked child, tests). */
+static VALUE win_reset(int argc, VALUE *argv, VALUE klass)
+{
+    rb_check_arity(argc, 0, 1);
+    reset_all(opt_now(argc, argv));
+    return Qnil;
+}
+
+void sv_init_window(VALUE cTiming)
+{
+    reset_all(mono());
+    rb_define_singleton_method(cTiming, "window_buckets", win_buckets, -1);
+    rb_define_singleton_method(cTiming, "window_record", win_record, 3);
+    rb_define_singleton_method(cTiming, "window_reset", win_reset, -1);
+    rb_define_const(cTiming, "WINDOW_SPAN", DBL2NUM(SV_WIN_SPAN));
+    rb_define_const(cTiming, "WINDOW_BUCKETS", INT2NUM(SV_WIN_BUCKETS));
+    rb_define_const(cTiming, "WINDOW_RESERVOIR", INT2NUM(SV_WIN_RES));
+}

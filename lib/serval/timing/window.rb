@@ -1,0 +1,129 @@
+# frozen_string_literal: true
+
+module Serval
+  class Timing
+    # The rolling window of one process, read from the buckets the request
+    # path fills in C (ext/serval/window.c: 6 buckets of 10 s, each with
+    # histograms and a reservoir of 512 sampled requests), in the shape
+    # Serval::Advice::Window takes (see lib/serval/advice/window.rb):
+    #
+    #   { requests:, seconds:, max_threads:, gvl_split:, ruby:, io_waits:,
+    #     db_pools:, samples: [{queue:, run:, idle:, stall:, pool_wait:, wall:}],
+    #     sampled_from:, histograms: {queue: {bounds:, counts:, sum:}, ...} }
+    #
+    # Reading costs the reader, never a request. Samples are drawn at one
+    # rate over the whole window (a busy bucket is not outweighed by a quiet
+    # one): `sampled_from` is how many requests they were drawn from. On Ruby
+    # 3.1 (gvl_split false) only requests that read the CPU clock (one in
+    # 1/timing_sample_rate) are sampled: run is their CPU time, idle wall -
+    # CPU - pool_wait; queue, wall and pool_wait histograms count every request.
+    module Window
+      FIGURES = %i[queue run idle stall pool_wait wall cpu].freeze
+      CAP = WINDOW_BUCKETS * WINDOW_RESERVOIR # samples at most, one process or many
+      DIGITS = 7 # samples rounded to 0.1 us: a smaller JSON answer
+
+      module_function
+
+      # now: monotonic seconds (tests inject it).
+      def read(now: nil, max_threads: nil, db_pools: nil, gvl_split: Native::GVL.enabled?, rng: Random.new)
+        seconds, bounds, buckets = Timing.window_buckets(now)
+        requests = buckets.sum { |b| b[1] }
+        split = buckets.sum { |b| b[2] }
+        counts = Array.new(FIGURES.size) { Array.new(bounds.size + 1, 0) }
+        sums = Array.new(FIGURES.size, 0.0)
+        buckets.each do |b|
+          b[4].each_with_index { |c, i| counts[i / (bounds.size + 1)][i % (bounds.size + 1)] += c }
+          b[5].each_with_index { |s, k| sums[k] += s }
+        end
+        pools = { requests: buckets.map { |b| b[7] }, samples: buckets.map { |b| rows(b[6]) } }
+        samples, sampled_from = uniform(pools[:samples], pools[:requests], CAP, rng)
+        window = { requests: requests, seconds: seconds.round(3), max_threads: max_threads, gvl_split: gvl_split,
+                   ruby: RUBY_VERSION, samples: samples.map { |s| sample(s, gvl_split) }, sampled_from: sampled_from,
+                   histograms: histograms(bounds, counts, sums) }
+        window[:io_waits] = (buckets.sum { |b| b[3] }.to_f / split).round(3) if split.positive?
+        window[:db_pools] = db_pools if db_pools
+        window
+      end
+
+      # Windows of several processes (as #read returns them, or parsed from
+      # JSON) as one: requests and histograms added, samples drawn at one rate
+      # from all, io_waits weighted by requests.
+      def merge(windows, rng: Random.new)
+        windows = windows.map { |w| symbolize(w) }
+        return { requests: 0, samples: [], sampled_from: 0, histograms: {} } if windows.empty?
+
+        first = windows.first
+        samples, from = uniform(windows.map { |w| w[:samples] || [] },
+                                windows.map { |w| w[:sampled_from] || (w[:samples] || []).size }, CAP, rng)
+        requests = windows.sum { |w| w[:requests].to_i }
+        merged = { requests: requests, seconds: windows.filter_map { |w| w[:seconds] }.max,
+                   max_threads: windows.filter_map { |w| w[:max_threads] }.max,
+                   gvl_split: windows.all? { |w| w[:gvl_split] }, ruby: first[:ruby],
+                   samples: samples, sampled_from: from, histograms: add_histograms(windows) }
+        waits = windows.select { |w| w[:io_waits] }
+        if waits.any?
+          weight = waits.sum { |w| w[:requests].to_i }
+          merged[:io_waits] = (waits.sum { |w| w[:io_waits] * w[:requests].to_i }.to_f / [weight, 1].max).round(3)
+        end
+        pools = windows.flat_map { |w| w[:db_pools] || [] }
+        merged[:db_pools] = pools.uniq { |p| p[:name] } if pools.any?
+        merged
+      end
+
+      # Groups of samples, each drawn from `from[i]` requests: the same share
+      # of every group (the smallest any group holds), at most cap in all.
+      # Returns [samples, requests they stand for].
+      def uniform(groups, from, cap, rng)
+        shares = groups.each_with_index.filter_map { |g, i| g.size.to_f / from[i] if from[i].to_i.positive? }
+        return [[], 0] if shares.empty?
+
+        total = from.sum(&:to_i)
+        rate = [shares.min, cap.to_f / total].min
+        picked = groups.each_with_index.flat_map do |g, i|
+          k = (from[i].to_i * rate).round.clamp(0, g.size)
+          k == g.size ? g : g.sample(k, random: rng)
+        end
+        [picked, total]
+      end
+
+      def rows(flat)
+        flat.each_slice(FIGURES.size).map { |r| FIGURES.zip(r).to_h }
+      end
+
+      def sample(row, gvl_split)
+        keys = gvl_split ? %i[queue run idle stall pool_wait wall cpu] : %i[queue run idle cpu pool_wait wall]
+        keys.each_with_object({}) { |k, h| h[k] = row[k].round(DIGITS) if row[k] }
+      end
+
+      def histograms(bounds, counts, sums)
+        FIGURES.each_with_index.each_with_object({}) do |(f, k), h|
+          next if counts[k].sum.zero?
+
+          h[f] = { bounds: bounds, counts: counts[k], sum: sums[k] }
+        end
+      end
+
+      def add_histograms(windows)
+        out = {}
+        windows.each do |w|
+          (w[:histograms] || {}).each do |f, hist|
+            mine = out[f] ||= { bounds: hist[:bounds], counts: Array.new(hist[:counts].size, 0), sum: 0.0 }
+            raise ArgumentError, "windows with different histogram bounds" unless mine[:bounds] == hist[:bounds]
+
+            hist[:counts].each_with_index { |c, i| mine[:counts][i] += c }
+            mine[:sum] += hist[:sum].to_f
+          end
+        end
+        out
+      end
+
+      def symbolize(obj)
+        case obj
+        when Hash then obj.to_h { |k, v| [k.to_sym, symbolize(v)] }
+        when Array then obj.map { |v| symbolize(v) }
+        else obj
+        end
+      end
+    end
+  end
+end

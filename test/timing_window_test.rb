@@ -1,0 +1,173 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require_relative "support/http_wire"
+require "json"
+require "serval/timing"
+require "serval/prometheus"
+require "serval/advice"
+
+# The rolling window (ext/serval/window.c, lib/serval/timing/window.rb) with
+# an injected clock, the counters for rate(), and a real server's window. On
+# every Ruby.
+class TimingWindowTest < Minitest::Test
+  include Serval::HttpWire
+
+  T = Serval::Timing
+  W = Serval::Timing::Window
+  START = 10_000.0
+  ROW = [0.001, 0.002, 0.003, 0.0, 0.0, 0.005, nil].freeze # queue run idle stall pool_wait wall cpu
+
+  def setup
+    T.window_reset(START)
+  end
+
+  def teardown
+    T.window_reset
+    super
+  end
+
+  def record(at, row = ROW, idle_periods = 1)
+    T.window_record(at, row, idle_periods)
+  end
+
+  def test_requests_older_than_the_window_fall_out
+    now = START + 70
+    [70, 65, 55, 45, 35, 25, 15, 5, 0].each { |age| 3.times { record(now - age) } }
+    w = W.read(now: now, gvl_split: true)
+    # buckets of 10 s: the window at 70 s holds [20 s, 70 s]; ages 55..70 are gone
+    assert_equal 18, w[:requests]
+    assert_equal 18, w[:samples].size
+    assert_equal 50.0, w[:seconds]
+    assert_equal 18, w[:histograms][:run][:counts].sum
+    assert_in_delta 18 * 0.002, w[:histograms][:run][:sum], 1e-9
+    assert_equal({ queue: 0.001, run: 0.002, idle: 0.003, stall: 0.0, pool_wait: 0.0, wall: 0.005 }, w[:samples].first)
+    later = W.read(now: now + 60, gvl_split: true)
+    assert_equal 0, later[:requests], "a minute later nothing is left"
+    assert_empty later[:samples]
+  end
+
+  def test_a_young_process_covers_only_its_life
+    record(START + 4)
+    w = W.read(now: START + 5, gvl_split: true)
+    assert_equal 1, w[:requests]
+    assert_in_delta 5.0, w[:seconds], 1e-9
+  end
+
+  def test_the_reservoir_is_bounded_and_requests_are_all_counted
+    now = START + 105 # each group of 2 s lies inside one bucket
+    6.times { |b| 2000.times { |i| record(now - (b * 10) - (i * 0.001), [0.001, 0.001 * (i % 7), 0.0, 0.0, 0.0, 0.01, nil]) } }
+    w = W.read(now: now + 0.5, gvl_split: true)
+    assert_equal 12_000, w[:requests]
+    assert_equal 12_000, w[:histograms][:run][:counts].sum
+    assert_equal 12_000, w[:sampled_from]
+    assert_operator w[:samples].size, :<=, W::CAP
+    assert_operator w[:samples].size, :>=, W::CAP - 6, "every bucket's reservoir is full"
+    # uniform: each value of run (i % 7) appears in the samples about as often as in the requests
+    shares = w[:samples].group_by { |s| (s[:run] * 1000).round }.transform_values { |v| v.size.to_f / w[:samples].size }
+    shares.each_value { |share| assert_in_delta 1.0 / 7, share, 0.04 }
+  end
+
+  def test_a_quiet_bucket_does_not_outweigh_a_busy_one
+    now = START + 30
+    1000.times { |i| record(now - 15 - (i * 0.001), [0.0, 0.010, 0.0, 0.0, 0.0, 0.010, nil]) } # busy, run 10 ms
+    10.times { |i| record(now - 1 - (i * 0.01), [0.0, 0.001, 0.0, 0.0, 0.0, 0.001, nil]) }     # quiet, run 1 ms
+    w = W.read(now: now, gvl_split: true, rng: Random.new(3))
+    runs = w[:samples].map { |s| s[:run] }
+    quiet = runs.count { |r| r < 0.005 }
+    assert_in_delta 10.0 / 1010, quiet.to_f / runs.size, 0.01
+  end
+
+  def test_io_waits_and_missing_figures
+    record(START + 1, ROW, 2)
+    record(START + 1, ROW, 0)
+    record(START + 1, [0.001, nil, nil, nil, 0.0, 0.004, nil], nil) # no split, no CPU clock: counted, not sampled
+    w = W.read(now: START + 2, gvl_split: true)
+    assert_equal 3, w[:requests]
+    assert_equal 1.0, w[:io_waits]
+    assert_equal 2, w[:samples].size
+    assert_equal 3, w[:histograms][:wall][:counts].sum
+    assert_equal 2, w[:histograms][:run][:counts].sum
+  end
+
+  def test_ruby_31_shape_carries_cpu_and_wall
+    record(START + 1, [0.001, 0.002, 0.003, nil, 0.0, 0.005, 0.002], nil)
+    w = W.read(now: START + 2, gvl_split: false)
+    assert_equal({ queue: 0.001, run: 0.002, idle: 0.003, cpu: 0.002, pool_wait: 0.0, wall: 0.005 }, w[:samples].first)
+    refute w.key?(:io_waits)
+  end
+
+  def test_merge_adds_requests_and_histograms_and_draws_at_one_rate
+    T.window_reset(START)
+    100.times { |i| record(START + 1 + (i * 0.01)) }
+    a = W.read(now: START + 5, gvl_split: true, max_threads: 3)
+    T.window_reset(START)
+    300.times { |i| record(START + 1 + (i * 0.001), [0.001, 0.004, 0.003, 0.0, 0.0, 0.008, nil], 3) }
+    b = W.read(now: START + 5, gvl_split: true, max_threads: 3)
+    json = JSON.parse(JSON.generate(b)) # as it comes over the command channel
+    m = W.merge([a, json])
+    assert_equal 400, m[:requests]
+    assert_equal 400, m[:histograms][:run][:counts].sum
+    assert_in_delta (100 * 0.002) + (300 * 0.004), m[:histograms][:run][:sum], 1e-9
+    assert_equal 400, m[:samples].size
+    assert_equal 3, m[:max_threads]
+    assert_in_delta 2.5, m[:io_waits], 1e-9
+    assert_equal 400, m[:sampled_from]
+  end
+
+  def test_merge_bounds_the_samples
+    big = { requests: 5000, sampled_from: 5000, gvl_split: true, samples: Array.new(3000) { { run: 0.001, idle: 0.0 } } }
+    m = W.merge([big, big.dup])
+    assert_operator m[:samples].size, :<=, W::CAP
+    assert_equal 10_000, m[:requests]
+  end
+
+  def counter(stats, name)
+    entry = stats.fetch(name)
+    assert_equal :counter, entry[:type]
+    entry[:value]
+  end
+
+  # Counters carry no state of the reader: two readers get the same figures,
+  # and the figures only grow.
+  def test_counters_are_monotonic_and_readers_do_not_disturb_each_other
+    app = ->(_env) { [200, { "content-type" => "text/plain" }, ["ok"]] }
+    with_server(app, max_threads: 1) do |server, port|
+      3.times { assert_equal 200, http(port, get("/")).status }
+      recorder = server.instance_variable_get(:@handler).timing
+      one = recorder.stats
+      two = recorder.stats
+      names = %w[request_queue_seconds_total request_run_seconds_total request_idle_seconds_total
+                 request_stall_seconds_total request_wall_seconds_total]
+      names.each { |n| assert_equal counter(one, n), counter(two, n), n }
+      refute one.key?("request_pool_wait_seconds_total"), "no Active Record: no pool_wait"
+      assert_equal 3, counter(one, "requests_timed_total")
+      assert_operator counter(one, "request_wall_seconds_total"), :>, 0
+      3.times { assert_equal 200, http(port, get("/")).status }
+      three = recorder.stats
+      names.each { |n| assert_operator counter(three, n), :>=, counter(two, n), n }
+      assert_operator counter(three, "request_wall_seconds_total"), :>, counter(two, "request_wall_seconds_total")
+      assert_operator counter(three, "gvl_held_seconds_total"), :>=, counter(one, "gvl_held_seconds_total")
+      assert_equal 6, counter(three, "requests_timed_total")
+      text = Serval::Prometheus.render(server.stats)
+      assert_match(/^# TYPE serval_request_wall_seconds_total counter$/, text)
+      assert_match(/^serval_gvl_held_seconds_total \d/, text)
+    end
+  end
+
+  def test_a_server_reports_its_window
+    app = ->(_env) { [200, { "content-type" => "text/plain" }, ["ok"]] }
+    with_server(app, max_threads: 2, timing_sample_rate: 1.0) do |server, port|
+      5.times { assert_equal 200, http(port, get("/")).status }
+      w = server.window
+      assert_equal 5, w[:requests]
+      assert_equal 2, w[:max_threads]
+      assert_equal 5, w[:samples].size
+      assert_equal Serval::Native::GVL.enabled?, w[:gvl_split]
+      w[:samples].each { |s| assert_operator s[:wall], :>=, s[:run] }
+      refute server.stats.key?(:window), "the samples stay out of /stats"
+      window = Serval::Advice::Window.new(JSON.parse(JSON.generate(w)))
+      assert_equal 5, window.measured
+    end
+  end
+end
