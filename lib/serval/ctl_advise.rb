@@ -20,7 +20,7 @@ module Serval
 
     def self.options(parser, into)
       parser.separator("advise options:")
-      parser.on("--json", "advise: print one JSON object") { into[:json] = true }
+      parser.on("--json", "advise: print one JSON object (stats always prints JSON)") { into[:json] = true }
       parser.on("--from FILE", "advise: from a saved window or `stats --json --window` snapshot") { |v| into[:from] = v }
       parser.on("--html FILE", "advise: also write a self-contained HTML report") { |v| into[:html] = v }
       FLEET.each do |flag, key, type, text|
@@ -61,7 +61,7 @@ module Serval
       data = JSON.parse(File.read(path))
       window = self.class.window_from(data, path)
       require "serval/advice/local"
-      advice = Advice::Local.recommend(window, stats: data.is_a?(Hash) ? data : {}, **@opts[:fleet])
+      advice = Advice::Local.recommend(window, in_server: false, **@opts[:fleet])
       advice[:warnings] << "machine facts (CPUs, memory) are those of the machine servalctl ran on"
       [JSON.parse(JSON.generate(advice)), window]
     rescue SystemCallError => e

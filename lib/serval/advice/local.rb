@@ -13,9 +13,12 @@ module Serval
 
       module_function
 
-      # window: Launcher#window's Hash; stats: Launcher#stats (for worker pids).
-      def recommend(window, stats: {}, machine: Machine.new, **options)
-        facts = machine.to_h.merge(worker(machine, stats).compact)
+      # window: Launcher#window's Hash; stats: Launcher#stats (for worker
+      # pids); in_server: false when this process is not the server (servalctl
+      # advise --from): no worker memory then, rather than servalctl's own.
+      def recommend(window, stats: {}, machine: Machine.new, in_server: true, **options)
+        facts = machine.to_h
+        facts = facts.merge(worker(machine, stats)) if in_server
         advice = Advice.recommend(window, machine: facts, **options)
         missing = Array(window[:missing] || window["missing"])
         unless missing.empty?
