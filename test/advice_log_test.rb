@@ -3,6 +3,8 @@
 require_relative "test_helper"
 require "support/advice_windows"
 require "serval/advice_log"
+require "serval/launcher"
+require "stringio"
 
 # The advice log line: logged when advice first becomes available and when
 # the decision changes, not on every check; computed on its own thread.
@@ -79,4 +81,37 @@ class AdviceLogTest < Minitest::Test
     refute Serval::AdviceLog.wanted?(with_window.new({ advice_log_interval: 0.0 }))
     refute Serval::AdviceLog.wanted?(without.new({ advice_log_interval: 60.0 }))
   end
+
+  # An IO that hands every write to a queue.
+  class QueueIO < StringIO
+    def initialize(queue)
+      super()
+      @queue = queue
+    end
+
+    def write(text)
+      @queue << text
+      super
+    end
+  end
+
+  # Wired into Launcher#run: a launcher that has a window logs the line
+  # after boot and stops the logger with itself.
+  def test_launcher_starts_and_stops_it
+    lines = Queue.new
+    options = Serval::Configuration.finish(Serval::Configuration::DEFAULTS.merge(binds: ["tcp://127.0.0.1:0"],
+                                                                                  advice_log_interval: 1.0))
+    launcher = Serval::Launcher.new(options, log_writer: Serval::LogWriter.new(stdout: QueueIO.new(lines), stderr: QueueIO.new(lines)),
+                                             app: ->(_env) { [200, {}, ["hi"]] }, signals: false)
+    window = AdviceWindows.window(1200)
+    launcher.define_singleton_method(:window) { window }
+    thread = Thread.new { launcher.run }
+    line = nil
+    line = lines.pop until line&.start_with?("advice: ")
+    assert_match(/\Aadvice: \d+ threads x \d+ processes \(cpu share 0\.\d\d from 1,200 requests; running 3 threads/, line)
+    launcher.stop
+    assert_equal 0, thread.value
+    refute(Thread.list.any? { |t| t.name == "serval-advice" && t.alive? }, "stopped with the launcher")
+  end
+
 end
