@@ -181,6 +181,12 @@ class ServalctlTest < Minitest::Test
       assert_equal 1500, a["requests"]
       assert(a["warnings"].all?(String))
       assert_equal [3, 5, 40], a["database"].values_at("machines", "extra", "max_connections")
+
+      saved = File.join(dir, "advice.json")
+      File.write(saved, json.out)
+      again = ctl("advise", "--from", saved, "--html", File.join(dir, "again.html"))
+      assert_equal 0, again.status, again.err
+      assert_match(/^Advice: #{a['threads']} threads x #{a['processes']} processes per machine$/, again.out)
     end
   end
 

@@ -21,7 +21,9 @@ module Serval
     def self.options(parser, into)
       parser.separator("advise options:")
       parser.on("--json", "advise: print one JSON object (stats always prints JSON)") { into[:json] = true }
-      parser.on("--from FILE", "advise: from a saved window or `stats --json --window` snapshot") { |v| into[:from] = v }
+      parser.on("--from FILE", "advise: from a saved window, `stats --window` snapshot or `advise --json` answer") do |v|
+        into[:from] = v
+      end
       parser.on("--html FILE", "advise: also write a self-contained HTML report") { |v| into[:html] = v }
       FLEET.each do |flag, key, type, text|
         parser.on(flag, type, "advise: #{text}") { |v| into[:fleet][key] = v }
@@ -55,10 +57,13 @@ module Serval
       raise ConfigError, "--target-rps must be > 0" if f[:target_rps] && !(f[:target_rps].finite? && f[:target_rps].positive?)
     end
 
-    # From a file: [advice, window]. Machine facts are this machine's.
+    # From a file: [advice, window]. Machine facts are this machine's. A
+    # saved `advise --json` answer is shown as it is (no window).
     def from_file
       path = @opts[:from]
       data = JSON.parse(File.read(path))
+      return [data, nil] if data.is_a?(Hash) && data.key?("enough_data") && data.key?("warnings")
+
       window = self.class.window_from(data, path)
       require "serval/advice/local"
       advice = Advice::Local.recommend(window, in_server: false, **@opts[:fleet])
