@@ -237,4 +237,14 @@ class ConfigurationTest < Minitest::Test
     assert_config_error(/ssl_bind: unsupported option\(s\) ssl_cipher_filter/,
                         %(ssl_bind "0.0.0.0", 9443, cert: "/c", key: "/k", ssl_cipher_filter: "x"))
   end
+
+  def test_advice_log_interval
+    assert_equal 60.0, load_config[:advice_log_interval]
+    assert_equal 0.0, load_config("advice_log_interval 0")[:advice_log_interval]
+    assert_equal 300.0, load_config("advice_log_interval 300")[:advice_log_interval]
+    assert_config_error(/\Aadvice_log_interval: must be 0 \(off\) or >= 1\.0 \(got 0\.5\)/, "advice_log_interval 0.5")
+    assert_config_error(/serval.rb:1: advice_log_interval: must be >= 0/, "advice_log_interval(-1)")
+    assert_config_error(/serval.rb:1: advice_log_interval: expected a number of seconds/, "advice_log_interval 'often'")
+  end
+
 end

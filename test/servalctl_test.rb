@@ -2,6 +2,8 @@
 
 require_relative "test_helper"
 require "json"
+require "tmpdir"
+require "serval/launcher"
 require "support/subprocess_server"
 require "serval/serval_ext"
 
@@ -148,4 +150,83 @@ class ServalctlTest < Minitest::Test
     assert_equal 1, status.exitstatus, server.logs
     assert_match(%r{control/metrics/state_path could not start}, server.stderr)
   end
+
+  # advise --from: a saved window (here built like bench/window_from_log's)
+  # or a stats snapshot holding one; computed by servalctl itself.
+  def test_advise_from_a_saved_window
+    require "support/advice_windows"
+    Dir.mktmpdir("servalctl-advise") do |dir|
+      window = File.join(dir, "window.json")
+      File.write(window, JSON.generate(AdviceWindows.window(1500)))
+      table = ctl("advise", "--from", window, "--target-rps", "250", "--html", File.join(dir, "r.html"))
+      assert_equal 0, table.status, table.err
+      assert_match(/^threads +req\/s +gain +stall mean +p50 +p99$/, table.out)
+      assert_match(/^Advice: \d+ threads x \d+ processes per machine$/, table.out)
+      assert_match(/^  for 250 req\/s: \d+ machines x/, table.out)
+      assert_includes table.out, "Report written to #{dir}/r.html"
+      assert_includes File.read(File.join(dir, "r.html")), "<svg"
+
+      snapshot = File.join(dir, "stats.json")
+      File.write(snapshot, JSON.generate(started_at: "2026-01-01T00:00:00Z", max_threads: 3,
+                                         window: AdviceWindows.window(1500)))
+      json = ctl("advise", "--from", snapshot, "--json", "--machines", "3", "--extra-connections", "5",
+                 "--db-max-connections", "40")
+      assert_equal 0, json.status, json.err
+      assert_equal 1, json.out.lines.size, "one JSON object"
+      a = JSON.parse(json.out)
+      assert_kind_of Integer, a["threads"]
+      assert_kind_of Integer, a["processes"]
+      assert_includes 0.0..1.0, a["cpu_share"]
+      assert_kind_of Float, a["max_rps_per_process"]
+      assert_equal 1500, a["requests"]
+      assert(a["warnings"].all?(String))
+      assert_equal [3, 5, 40], a["database"].values_at("machines", "extra", "max_connections")
+
+      saved = File.join(dir, "advice.json")
+      File.write(saved, json.out)
+      again = ctl("advise", "--from", saved, "--html", File.join(dir, "again.html"))
+      assert_equal 0, again.status, again.err
+      assert_match(/^Advice: #{a['threads']} threads x #{a['processes']} processes per machine$/, again.out)
+    end
+  end
+
+  def test_advise_from_files_without_a_window
+    Dir.mktmpdir("servalctl-advise") do |dir|
+      stats = File.join(dir, "stats.json")
+      File.write(stats, JSON.generate(started_at: "2026-01-01T00:00:00Z", max_threads: 3))
+      no_window = ctl("advise", "--from", stats)
+      assert_equal 1, no_window.status
+      assert_match(/holds no measurement window .*`servalctl stats --json` without --window.*stats --json --window/,
+                   no_window.err)
+      File.write(stats, "not json")
+      assert_match(/--from .*not JSON/, ctl("advise", "--from", stats).err)
+      little = File.join(dir, "little.json")
+      File.write(little, JSON.generate(requests: 12, samples: [{ run: 0.01, idle: 0.01 }] * 12))
+      few = ctl("advise", "--from", little)
+      assert_equal 0, few.status, few.err
+      assert_match(/^No advice yet: 12 requests measured, need 1000$/, few.out)
+      assert_equal 2, ctl("advise", "--from", little, "--machines", "0").status
+    end
+  end
+
+  # Live: /advice needs the server's measurement window (Launcher#window).
+  # A build without it answers 501, and stats --window says it has none.
+  def test_advise_from_the_server
+    server = boot("--control-url", "unix://ctl.sock", "--control-token", TOKEN)
+    url = ["--control-url", sock(server), "--control-token", TOKEN]
+    live = ctl(*url, "advise", "--json")
+    stats = ctl(*url, "stats", "--json", "--window")
+    if Serval::Launcher.method_defined?(:window)
+      assert_equal 0, live.status, live.err
+      assert_match(/requests measured, need/, JSON.parse(live.out)["warnings"].first, "an idle server has too few")
+      assert_equal 0, stats.status, stats.err
+      assert_kind_of Hash, JSON.parse(stats.out)["window"]
+    else
+      assert_equal [1, "servalctl: advise failed: 501 no measurement window in this build\n"], [live.status, live.err]
+      assert_equal 1, stats.status
+      assert_match(/stats --window: the server has no measurement window \(404\); stats only/, stats.err)
+      assert_equal 2, JSON.parse(stats.out)["max_threads"], "the stats are still printed"
+    end
+  end
+
 end

@@ -69,7 +69,8 @@ module Serval
       plugins: [].freeze,
       stdout_sync: true,
       sources: {}.freeze,
-      error_log_limit: 10
+      error_log_limit: 10,
+      advice_log_interval: 60.0 # seconds between advice checks (docs/tuning.md); 0: off
     }.freeze
 
     # Cluster hooks => how many arguments their blocks receive.
@@ -128,8 +129,12 @@ module Serval
       plugins: [:plugins],
       stdout_sync: [:bool],
       sources: [:sources],
-      error_log_limit: [:int, 0, 1_000_000]
+      error_log_limit: [:int, 0, 1_000_000],
+      advice_log_interval: [:seconds, 0.0, DAY] # 0, or at least ADVICE_LOG_MIN (check_relations)
     }.freeze
+
+    # The shortest advice_log_interval: each check costs ~0.2 s of Ruby CPU.
+    ADVICE_LOG_MIN = 1.0
 
     # Plugins (`plugin :name`) Serval runs; see lib/serval/plugins.rb.
     PLUGINS = %w[tmp_restart].freeze
@@ -198,6 +203,9 @@ module Serval
       if opts[:min_threads] > opts[:max_threads]
         min, max = %i[min_threads max_threads].map { |k| "#{opts[k]}, #{source(opts, k)}" }
         raise ConfigError, "threads: min (#{min}) must be <= max (#{max})"
+      end
+      if opts[:advice_log_interval].positive? && opts[:advice_log_interval] < ADVICE_LOG_MIN
+        raise ConfigError, "advice_log_interval: must be 0 (off) or >= #{ADVICE_LOG_MIN} (got #{opts[:advice_log_interval]})"
       end
       return if opts[:max_request_line] <= opts[:max_head]
 

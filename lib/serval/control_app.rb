@@ -25,7 +25,16 @@ module Serval
       "/thread-backtraces" => :thread_backtraces,
       "/gc-stats" => :gc_stats,
       "/gvl-trace" => :gvl_trace,
-      "/window" => :window
+      "/window" => :window,
+      "/advice" => :advice
+    }.freeze
+
+    # /advice query parameters => [recommender option, parser]
+    ADVICE_PARAMS = {
+      "machines" => [:machines, ->(v) { Integer(v, 10) }],
+      "extra_connections" => [:extra_connections, ->(v) { Integer(v, 10) }],
+      "db_max_connections" => [:db_max_connections, ->(v) { Integer(v, 10) }],
+      "target_rps" => [:target_rps, ->(v) { Float(v) }]
     }.freeze
 
     MAX_TRACE_SECONDS = 60
@@ -105,6 +114,35 @@ module Serval
       respond(200, @launcher.gvl_trace(seconds))
     rescue NotImplementedError => e
       answer(501, error: e.message)
+    end
+
+    # The recommendation (Serval::Advice) from the launcher's measurement
+    # window and this machine's CPUs and memory. Costs about a second of
+    # Ruby CPU in this process (the simulation), so it is computed on demand.
+    def advice(params)
+      return answer(501, error: "no measurement window in this build") unless @launcher.respond_to?(:window)
+
+      options = advice_options(params) or
+        return answer(400, error: "machines, extra_connections, db_max_connections: integers >= 0 " \
+                                  "(machines >= 1); target_rps: a number > 0")
+      window = @launcher.window
+      return answer(503, error: "no measurement window yet (timing off, or not booted)") unless window
+
+      require "serval/advice/local"
+      answer(200, Advice::Local.recommend(window, stats: @launcher.stats, **options))
+    end
+
+    def advice_options(params)
+      ADVICE_PARAMS.each_with_object({}) do |(name, (key, parse)), out|
+        next unless params.key?(name)
+
+        value = parse.call(params[name].to_s)
+        return nil unless key == :target_rps ? value.finite? && value.positive? : value >= (key == :machines ? 1 : 0)
+
+        out[key] = value
+      end
+    rescue ArgumentError, TypeError
+      nil
     end
 
     # JSON has no Infinity/NaN (histogram buckets end at +Inf): send them as strings.

@@ -18,7 +18,7 @@ module Serval
   # configuration error, 3 the server could not be reached.
   class Ctl
     COMMANDS = %w[stats status stop halt restart phased-restart reopen-logs thread-backtraces gc-stats
-                  gvl-trace window].freeze
+                  gvl-trace window advise].freeze
     WINDOW_FIGURES = %w[queue run idle stall pool_wait wall].freeze
     CONNECT_TIMEOUT = 5
     READ_TIMEOUT = 15
@@ -36,17 +36,21 @@ module Serval
       @seconds = nil
       @output = nil
       @json = false
+      @advise = { fleet: {} }
+      @with_window = false
     end
 
     def run
       command = parse
       return 0 if command == :done
+      return advise if command == "advise"
 
       resolve_target
       status, body = request(path_for(command))
       return report_error(command, status, body) unless status == 200
 
       return save_trace(body) if command == "gvl-trace"
+      return stats_with_window(body) if command == "stats" && @with_window
 
       show(command, JSON.parse(body))
       0
@@ -79,6 +83,9 @@ module Serval
         o.on("--seconds N", Float, "gvl-trace: how long to record (default 1)") { |v| @seconds = v }
         o.on("--json", "window: print the window as JSON (with its samples)") { @json = true }
         o.on("-o", "--output FILE", "gvl-trace: write the trace to FILE (default: stdout)") { |v| @output = v }
+        o.on("--window", "stats: include the measurement window (for advise --from)") { @with_window = true }
+        require "serval/ctl_advise"
+        CtlAdvise.options(o, @advise)
         o.on("-V", "--version", "Print the version") { done(@stdout.puts("servalctl #{VERSION}")) }
         o.on("-h", "--help", "Show this help") { done(@stdout.puts(o.help)) }
       end
@@ -158,6 +165,41 @@ module Serval
       end
     rescue SystemCallError => e
       raise Unreachable, e.message
+    end
+
+    # advise: from --from FILE here, else the server's /advice.
+    def advise
+      cmd = CtlAdvise.new(@advise, stdout: @stdout, stderr: @stderr)
+      cmd.validate!
+      return cmd.show(*cmd.from_file) if @advise[:from]
+
+      resolve_target
+      status, body = request("/advice?#{URI.encode_www_form(cmd.query.merge('token' => @token))}")
+      return report_error("advise", status, body) unless status == 200
+
+      window = nil
+      if @advise[:html]
+        wstatus, wbody = request("/window?#{URI.encode_www_form(token: @token)}")
+        window = JSON.parse(wbody) if wstatus == 200
+      end
+      cmd.show(JSON.parse(body), window)
+    rescue CtlAdvise::NoWindow => e
+      @stderr.puts("servalctl: advise: #{e.message}")
+      1
+    end
+
+    # stats --window: the snapshot with the window under "window", so that
+    # `advise --from` works on it.
+    def stats_with_window(body)
+      stats = JSON.parse(body)
+      status, wbody = request("/window?#{URI.encode_www_form(token: @token)}")
+      if status == 200
+        stats["window"] = JSON.parse(wbody)
+      else
+        @stderr.puts("servalctl: stats --window: the server has no measurement window (#{status}); stats only")
+      end
+      @stdout.puts(JSON.pretty_generate(stats))
+      status == 200 ? 0 : 1
     end
 
     def report_error(command, status, body)

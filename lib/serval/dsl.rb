@@ -176,6 +176,12 @@ module Serval
       set(:timing_sample_rate, rate)
     end
 
+    # Seconds between the advice checks that log `advice: ...` when the
+    # advice is first available or changes (docs/tuning.md); 0 turns them off.
+    def advice_log_interval(seconds)
+      set(:advice_log_interval, seconds)
+    end
+
     def lowlevel_error_handler(handler = nil, &block)
       handler ||= block
       raise ConfigError, "lowlevel_error_handler: give a block or a callable" unless handler

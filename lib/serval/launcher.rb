@@ -46,6 +46,7 @@ module Serval
       require "serval/control"
       control = Control.after_boot(self) if Control.wanted?(options)
       plugins = start_plugins
+      advice_log = start_advice_log
       status = @impl.run
       failure = control&.failure
       raise ConfigError, "control/metrics/state_path could not start: #{failure.message}" if failure
@@ -53,6 +54,7 @@ module Serval
       status
     ensure
       plugins&.each(&:stop)
+      advice_log&.stop
       control&.stop
     end
 
@@ -78,6 +80,13 @@ module Serval
       raise ArgumentError, "unknown launcher command #{command.inspect}" unless COMMANDS.include?(command)
 
       @impl.enqueue(command)
+    end
+
+    # The advice log line (Serval::AdviceLog), once the launcher can give a
+    # measurement window.
+    private def start_advice_log
+      require "serval/advice_log"
+      AdviceLog.after_boot(self) if AdviceLog.wanted?(self)
     end
 
     private def start_plugins

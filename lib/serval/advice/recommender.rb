@@ -170,7 +170,7 @@ module Serval
       # model's figure for the same load (when the window's rate is known).
       def measured(sim, sweep)
         w = @window
-        out = { threads: w.max_threads, stall_mean: w.mean(:stall)&.round(6),
+        out = { threads: w.max_threads, stall_mean: w.mean(:stall)&.round(6), stall_p95: w.quantile(:stall, 0.95)&.round(6),
                 pool_wait_mean: w.mean(:pool_wait)&.round(6), wall_p50: w.quantile(:wall, 0.5)&.round(6),
                 wall_p99: w.quantile(:wall, 0.99)&.round(6), rate: nil, predicted_stall_mean: nil }
         if w.seconds&.positive? && w.max_threads
@@ -208,7 +208,7 @@ module Serval
 
       def summary(r)
         running = r[:running_threads] ? "; running #{r[:running_threads]} threads" : ""
-        stall = r[:measured][:stall_mean] ? format(", stall mean %.0f ms", r[:measured][:stall_mean] * 1e3) : ""
+        stall = r[:measured][:stall_p95] ? format(", stall p95 %.0f ms", r[:measured][:stall_p95] * 1e3) : ""
         format("advice: %d threads x %d processes (cpu share %.2f from %s requests%s%s)",
                r[:threads], r[:processes], r[:cpu_share], r[:requests].to_s.reverse.scan(/\d{1,3}/).join(",").reverse,
                running, stall)

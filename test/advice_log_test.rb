@@ -1,0 +1,117 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require "support/advice_windows"
+require "serval/advice_log"
+require "serval/launcher"
+require "stringio"
+
+# The advice log line: logged when advice first becomes available and when
+# the decision changes, not on every check; computed on its own thread.
+class AdviceLogTest < Minitest::Test
+  # Collects log lines.
+  class Lines
+    attr_reader :queue
+
+    def initialize = @queue = Queue.new
+    def info(line) = @queue << [:info, line]
+    def error(line) = @queue << [:error, line]
+    def exception(err, msg) = @queue << [:error, "#{msg}: #{err.message}"]
+  end
+
+  # Stands in for Serval::Launcher.
+  class Launcher
+    attr_accessor :window, :booted
+
+    def initialize(window) = @window = window
+    def stats = {}
+    def wait_until_booted(_timeout) = true
+  end
+
+  def setup
+    @log = Lines.new
+  end
+
+  def log_for(launcher, interval: 60)
+    Serval::AdviceLog.new(launcher, interval: interval, log_writer: @log)
+  end
+
+  def test_first_advice_then_only_changes
+    launcher = Launcher.new(AdviceWindows.window(200))
+    log = log_for(launcher)
+    assert_nil log.check, "too little data: no line"
+    launcher.window = AdviceWindows.window(1500)
+    line = log.check
+    assert_match(/\Aadvice: \d+ threads x \d+ processes \(cpu share 0\.3\d from 1,500 requests; running 3 threads, stall p95 \d+ ms\)\z/,
+                 line)
+    assert_equal [:info, line], @log.queue.pop
+    launcher.window = AdviceWindows.window(1600, seed: 12)
+    assert_nil log.check, "same decision, new figures: no line"
+    launcher.window = AdviceWindows.window(1500, run: 0.014, idle: 0.006) # 70 % CPU: fewer threads
+    changed = log.check
+    refute_nil changed
+    refute_equal line[/\d+ threads/], changed[/\d+ threads/]
+    assert_equal [:info, changed], @log.queue.pop
+    assert @log.queue.empty?
+  end
+
+  def test_failure_is_logged_once
+    launcher = Launcher.new({ requests: 1500, samples: [{ nothing: 1 }] * 1500 })
+    log = log_for(launcher)
+    2.times { assert_nil log.check }
+    kind, line = @log.queue.pop
+    assert_equal :error, kind
+    assert_match(/\Aserval: advice failed \(ArgumentError: a sample needs run and idle/, line)
+    assert @log.queue.empty?, "the same failure is not logged again"
+  end
+
+  def test_runs_on_its_own_thread_and_stops
+    log = log_for(Launcher.new(AdviceWindows.window(1200)), interval: 1.0).start
+    kind, line = @log.queue.pop
+    assert_equal :info, kind
+    assert_match(/\Aadvice: /, line)
+    log.stop
+    refute(Thread.list.any? { |t| t.name == "serval-advice" && t.alive? })
+  end
+
+  def test_wanted_only_with_a_window_and_an_interval
+    with_window = Struct.new(:options) { def window = nil }
+    without = Struct.new(:options)
+    assert Serval::AdviceLog.wanted?(with_window.new({ advice_log_interval: 60.0 }))
+    refute Serval::AdviceLog.wanted?(with_window.new({ advice_log_interval: 0.0 }))
+    refute Serval::AdviceLog.wanted?(without.new({ advice_log_interval: 60.0 }))
+  end
+
+  # An IO that hands every write to a queue.
+  class QueueIO < StringIO
+    def initialize(queue)
+      super()
+      @queue = queue
+    end
+
+    def write(text)
+      @queue << text
+      super
+    end
+  end
+
+  # Wired into Launcher#run: a launcher that has a window logs the line
+  # after boot and stops the logger with itself.
+  def test_launcher_starts_and_stops_it
+    lines = Queue.new
+    options = Serval::Configuration.finish(Serval::Configuration::DEFAULTS.merge(binds: ["tcp://127.0.0.1:0"],
+                                                                                  advice_log_interval: 1.0))
+    launcher = Serval::Launcher.new(options, log_writer: Serval::LogWriter.new(stdout: QueueIO.new(lines), stderr: QueueIO.new(lines)),
+                                             app: ->(_env) { [200, {}, ["hi"]] }, signals: false)
+    window = AdviceWindows.window(1200)
+    launcher.define_singleton_method(:window) { window }
+    thread = Thread.new { launcher.run }
+    line = nil
+    line = lines.pop until line&.start_with?("advice: ")
+    assert_match(/\Aadvice: \d+ threads x \d+ processes \(cpu share 0\.\d\d from 1,200 requests; running 3 threads/, line)
+    launcher.stop
+    assert_equal 0, thread.value
+    refute(Thread.list.any? { |t| t.name == "serval-advice" && t.alive? }, "stopped with the launcher")
+  end
+
+end
