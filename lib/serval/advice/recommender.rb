@@ -118,12 +118,12 @@ module Serval
         w = @window
         return workload if w.gvl_split? || !w.seconds&.positive? || !w.max_threads || w.max_threads < 2
 
-        corrected, stall = StallEstimate.call(workload, threads: w.max_threads, rate: w.requests / w.seconds,
+        corrected, stall = StallEstimate.call(workload, threads: w.max_threads, rate: w.rate_per_process,
                                                         requests: [@s[:sim_requests] / 4, 2000].max, seed: @s[:seed])
         @estimated_stall = stall
         @reasons << format("Ruby 3.1: the model puts %.1f ms of each request's wait (wall - CPU) down to GVL stall " \
                            "at %d threads and %.1f req/s, and counts the rest as I/O", stall * 1e3, w.max_threads,
-                           w.requests / w.seconds)
+                           w.rate_per_process)
         corrected
       end
 
@@ -174,7 +174,7 @@ module Serval
                 pool_wait_mean: w.mean(:pool_wait)&.round(6), wall_p50: w.quantile(:wall, 0.5)&.round(6),
                 wall_p99: w.quantile(:wall, 0.99)&.round(6), rate: nil, predicted_stall_mean: nil }
         if w.seconds&.positive? && w.max_threads
-          rate = w.requests / w.seconds
+          rate = w.rate_per_process
           out[:rate] = rate.round(2)
           if rate < sweep.at(w.max_threads).rps
             out[:predicted_stall_mean] = sim.open(w.max_threads, rate: rate, rng: Random.new(@s[:seed] + 3))

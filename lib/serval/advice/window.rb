@@ -15,7 +15,8 @@ module Serval
     #     max_threads: 5,           # the running thread count
     #     gvl_split:   true,        # Ruby >= 3.2: run / idle / stall measured by the GVL hook (or 1 / 0)
     #     ruby:        "3.3.8",     # optional, for messages
-    #     io_waits:    1,           # optional: idle periods per request (default 1)
+    #     io_waits:    1,           # optional: idle periods per request, a mean (default 1)
+    #     processes:   1,           # optional: processes merged into this window (cluster)
     #     db_pools:    [{name: "primary", size: 5, ...}],  # optional, as in Server#stats
     #
     #     # Per-request figures, either paired records (preferred: keeps a
@@ -37,7 +38,7 @@ module Serval
     class Window
       FIGURES = %i[run idle stall pool_wait queue wall cpu wait].freeze
 
-      attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms
+      attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms, :processes
 
       def initialize(hash)
         h = symbolize(hash)
@@ -48,7 +49,8 @@ module Serval
         @seconds = h[:seconds] && Float(h[:seconds])
         @gvl_split = ![false, nil, 0, "0", "false"].include?(h.fetch(:gvl_split, true)) # stats say 0 / 1
         @ruby = h[:ruby]&.to_s
-        @io_waits = Integer(h[:io_waits] || 1)
+        @io_waits = Float(h[:io_waits] || 1) # a mean: 1.9 stays 1.9
+        @processes = [Integer(h[:processes] || 1), 1].max # a cluster's merged window
         @pools = Array(h[:db_pools]).map { |p| { name: p[:name].to_s, size: Integer(p[:size]) } }
         @samples = samples_of(h)
         @histograms = (h[:histograms] || {}).slice(*FIGURES).compact
@@ -56,6 +58,12 @@ module Serval
       end
 
       def gvl_split? = @gvl_split
+
+      # Requests a second one process served over the window (a cluster's
+      # window sums its workers); nil without the window's length.
+      def rate_per_process
+        @seconds&.positive? ? @requests / @seconds / @processes : nil
+      end
 
       # How many measured requests the figures rest on.
       def measured

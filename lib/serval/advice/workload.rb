@@ -27,7 +27,7 @@ module Serval
         raise ArgumentError, "a workload needs pairs or run and io distributions" unless @pairs&.any? || (@run && @io)
         raise ArgumentError, "split is :equal or :random" unless %i[equal random].include?(split)
 
-        @io_waits = Integer(io_waits)
+        @io_waits = Float(io_waits) # a mean: 1.9 = 1 wait for one request in ten, 2 for nine
         raise ArgumentError, "io_waits must be >= 0" if @io_waits.negative?
 
         @split = split
@@ -69,7 +69,7 @@ module Serval
       end
 
       def segments(run, io, rng)
-        k = io.positive? ? @io_waits : 0
+        k = io.positive? ? waits(rng) : 0
         return [run] if k.zero?
 
         cpus = parts(run, k + 1, rng)
@@ -77,6 +77,15 @@ module Serval
         out = [cpus[0]]
         k.times { |j| out << ios[j] << cpus[j + 1] }
         out
+      end
+
+      # A whole number of waits whose mean over requests is io_waits; a
+      # request with I/O has at least one.
+      def waits(rng)
+        whole = @io_waits.floor
+        frac = @io_waits - whole
+        whole += 1 if frac.positive? && rng.rand < frac # no draw for a whole mean: same stream as before
+        [whole, 1].max
       end
 
       def parts(total, n, rng)
