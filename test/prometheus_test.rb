@@ -13,13 +13,20 @@ class PrometheusTest < Minitest::Test
   NOW = Time.utc(2026, 1, 1, 0, 0, 10)
   SINGLE = { started_at: "2026-01-01T00:00:00Z", backlog: 1, running: 4, pool_capacity: 2, busy_threads: 3,
              max_threads: 5, requests_count: 42 }.freeze
+  # entries shaped and named as Timing::Recorder#stats makes them
   TIMING = {
-    request_seconds: { type: :histogram, help: "Time in the app",
-                       buckets: [[0.005, 3], [0.1, 7], [Float::INFINITY, 9]], sum: 1.25, count: 9 },
-    gvl_wait_ratio: { type: :gauge, help: "Share of time waiting for the GVL", value: 0.125 },
-    gvl_waits: { type: :counter, help: "GVL waits", value: 17 },
-    missing: { type: :gauge, help: "not measured yet", value: nil }
+    run_seconds: { type: :histogram, help: "Time a request held the GVL",
+                   buckets: [[0.005, 3], [0.1, 7], [Float::INFINITY, 9]], sum: 1.25, count: 9 },
+    gvl_utilization: { type: :gauge, help: "Share of wall time some thread held the GVL", value: 0.125 },
+    request_run_seconds_total: { type: :counter, help: "Seconds requests held the GVL, summed", value: 17 },
+    gvl_waiting_threads: { type: :gauge, help: "Threads waiting for the GVL now (NaN on Ruby < 3.2)", value: nil }
   }.freeze
+
+  def test_the_fixture_names_are_ones_the_recorder_makes
+    require "serval/timing"
+    made = Serval::Timing::Recorder.new(sample_rate: 0.05).stats.keys.map(&:to_s)
+    assert_empty TIMING.keys.map(&:to_s) - made
+  end
 
   def cluster
     worker = lambda do |index, pid, requests, timing = nil|
@@ -67,13 +74,13 @@ class PrometheusTest < Minitest::Test
   def test_timing_entries
     text = render(cluster)
     labels = 'worker="0",pid="101"'
-    assert_includes text, "# HELP serval_request_seconds Time in the app\n# TYPE serval_request_seconds histogram\n"
-    assert_includes text, %(serval_request_seconds_bucket{#{labels},le="0.005"} 3\n)
-    assert_includes text, %(serval_request_seconds_bucket{#{labels},le="+Inf"} 9\n)
-    assert_includes text, %(serval_request_seconds_sum{#{labels}} 1.25\nserval_request_seconds_count{#{labels}} 9\n)
-    assert_includes text, %(# TYPE serval_gvl_wait_ratio gauge\nserval_gvl_wait_ratio{#{labels}} 0.125\n)
-    assert_includes text, %(# TYPE serval_gvl_waits_total counter\nserval_gvl_waits_total{#{labels}} 17\n)
-    refute_match(/missing/, text)
+    assert_includes text, "# HELP serval_run_seconds Time a request held the GVL\n# TYPE serval_run_seconds histogram\n"
+    assert_includes text, %(serval_run_seconds_bucket{#{labels},le="0.005"} 3\n)
+    assert_includes text, %(serval_run_seconds_bucket{#{labels},le="+Inf"} 9\n)
+    assert_includes text, %(serval_run_seconds_sum{#{labels}} 1.25\nserval_run_seconds_count{#{labels}} 9\n)
+    assert_includes text, %(# TYPE serval_gvl_utilization gauge\nserval_gvl_utilization{#{labels}} 0.125\n)
+    assert_includes text, %(# TYPE serval_request_run_seconds_total counter\nserval_request_run_seconds_total{#{labels}} 17\n)
+    refute_match(/serval_gvl_waiting_threads\{/, text, "a nil value is left out")
   end
 
   def test_histogram_from_a_json_checkin
