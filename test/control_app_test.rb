@@ -235,6 +235,28 @@ class ControlAppTest < Minitest::Test
     end
   end
 
+  # The operator's channel is hard to block: more half-open local connections
+  # than the control server's slots delay /stats by less than a second (the
+  # loop closes the ones making no progress), not by the 10 s read timeout.
+  def test_half_open_connections_do_not_block_the_control_app
+    Dir.mktmpdir do |dir|
+      log = Serval::LogWriter.new(stdout: StringIO.new, stderr: StringIO.new)
+      control = Serval::Control.start(@launcher, control_options(dir, control_auth_token: TOKEN), log)
+      hogs = Array.new(Serval::Control::SERVER_OPTIONS[:max_connections] + 20) do |i|
+        s = UNIXSocket.new("#{dir}/ctl.sock")
+        s.write(i.even? ? "GET /stats?tok" : "G")
+        s
+      end
+      sleep 0.3 # the hogs are older than the loop's eviction age
+      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      assert_match(%r{\AHTTP/1\.1 200 }, unix_get("/stats?token=#{TOKEN}", "#{dir}/ctl.sock"))
+      assert_operator Process.clock_gettime(Process::CLOCK_MONOTONIC) - started, :<, 3
+    ensure
+      hogs&.each(&:close)
+      control&.stop
+    end
+  end
+
   def test_forked_child_closes_the_control_listener
     Dir.mktmpdir do |dir|
       log = Serval::LogWriter.new(stdout: StringIO.new, stderr: StringIO.new)
