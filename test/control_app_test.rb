@@ -116,6 +116,22 @@ class ControlAppTest < Minitest::Test
     assert_match(/not supported/, json["error"])
   end
 
+  # A real single-mode launcher refuses the cluster-only commands, so the
+  # control app's 501 is reachable (not only through a stub).
+  def test_single_mode_refuses_cluster_only_commands
+    require "serval/single"
+    log = Serval::LogWriter.new(stdout: StringIO.new, stderr: StringIO.new)
+    single = Serval::Single.new(Serval::Configuration::DEFAULTS, log_writer: log, signals: false)
+    app = Serval::ControlApp.new(single, token: TOKEN)
+    %w[/phased-restart].each do |path|
+      status, _, json = get(path, app: app)
+      assert_equal 501, status, path
+      assert_match(/not supported/, json["error"])
+    end
+    assert_equal false, single.enqueue(:add_worker)
+    assert_equal false, single.enqueue(:remove_worker)
+  end
+
   def test_token_is_required
     assert_equal 403, get("/stats", "").first
     assert_equal 403, get("/stats", "token=wrong").first

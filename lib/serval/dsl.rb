@@ -169,7 +169,7 @@ module Serval
       set(:timing, value)
     end
 
-    # Share of requests whose thread CPU time is read, 0.0..1.0 (default 0.1):
+    # Share of requests whose thread CPU time is read, 0.0..1.0 (default 0.05):
     # the CPU clock is a system call; queue, wall, GC and the GVL split are
     # measured for every request.
     def timing_sample_rate(rate)

@@ -44,6 +44,16 @@ module Serval
       @binder ? @binder.urls : []
     end
 
+    # Commands that need workers: refused here (the control app answers 501;
+    # the same signals are logged and ignored by the supervisor loop).
+    CLUSTER_ONLY = %i[phased_restart add_worker remove_worker].freeze
+
+    def enqueue(command)
+      return false if CLUSTER_ONLY.include?(command)
+
+      super
+    end
+
     # Everything Server#stats reports (the figures a cluster worker sends with
     # its check-in), plus when this process booted.
     def stats
