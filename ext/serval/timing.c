@@ -1,9 +1,9 @@
 /*
  * Serval::Timing - where one request's time went, measured in C.
  *
- * Timing.start(request, env, measure_cpu) is called just before the app and
- * Timing#finish just after the response is handed to the core. Both run with
- * the GVL held, so the process-wide histograms below need no lock. The cheap
+ * sv_tm_begin is called just before the app (Request#timing_begin) and
+ * sv_tm_end just after the response is handed to the core
+ * (Request#timing_end, ext/serval/request.c). Both run with the GVL held, so the process-wide histograms below need no lock. The cheap
  * figures (queue, wall, GC, and on Ruby 3.2+ the GVL split from the hook) are
  * taken for every request; the thread CPU clock is a system call (~0.6 us
  * measured here), so it is read only when the caller asks (sampled).
@@ -146,17 +146,6 @@ VALUE sv_timing_new(sv_tm **out)
     return obj;
 }
 
-/* Timing.start(request, env, detailed) -> Timing: a measured request outside
- * the server's own path (tests, tools). */
-static VALUE tm_start(VALUE klass, VALUE request, VALUE env, VALUE detailed)
-{
-    sv_tm *t;
-    VALUE obj = sv_timing_new(&t);
-    sv_tm_begin(t, sv_request_queued_at(request), env, RTEST(detailed));
-    rb_hash_aset(env, k_timing, obj);
-    return obj;
-}
-
 VALUE sv_timing_env_key(void)
 {
     return k_timing;
@@ -235,12 +224,6 @@ void sv_tm_end(sv_tm *t)
         add(TM_IDLE, f[SV_WIN_IDLE]);
     }
     sv_win_record((double)t->end_ns / 1e9, f, idle_periods);
-}
-
-static VALUE tm_finish(VALUE self)
-{
-    sv_tm_end(get(self));
-    return self;
 }
 
 #define NS(x) DBL2NUM((double)(x) / 1e9)
@@ -357,12 +340,10 @@ void sv_init_timing(VALUE mServal)
     k_xqs = fstr("HTTP_X_QUEUE_START");
     cTiming = rb_define_class_under(mServal, "Timing", rb_cObject);
     rb_undef_alloc_func(cTiming);
-    rb_define_singleton_method(cTiming, "start", tm_start, 3);
     rb_define_singleton_method(cTiming, "aggregate", tm_aggregate, 0);
     rb_define_singleton_method(cTiming, "reset_aggregate", tm_reset, 0);
     rb_define_singleton_method(cTiming, "upstream_epoch", tm_upstream_epoch, 1);
     rb_define_const(cTiming, "UPSTREAM_MAX", DBL2NUM(SV_UPSTREAM_MAX));
-    rb_define_method(cTiming, "finish", tm_finish, 0);
     rb_define_method(cTiming, "queue", tm_queue, 0);
     rb_define_method(cTiming, "upstream_queue", tm_upstream, 0);
     rb_define_method(cTiming, "wall", tm_wall, 0);
