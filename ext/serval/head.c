@@ -14,43 +14,6 @@ typedef struct {
     VALUE headers;
 } head_ctx;
 
-static const char *reason(int code)
-{
-    switch (code) {
-    case 100: return "Continue";
-    case 101: return "Switching Protocols";
-    case 103: return "Early Hints";
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 204: return "No Content";
-    case 206: return "Partial Content";
-    case 301: return "Moved Permanently";
-    case 302: return "Found";
-    case 303: return "See Other";
-    case 304: return "Not Modified";
-    case 307: return "Temporary Redirect";
-    case 308: return "Permanent Redirect";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 409: return "Conflict";
-    case 410: return "Gone";
-    case 413: return "Content Too Large";
-    case 415: return "Unsupported Media Type";
-    case 422: return "Unprocessable Content";
-    case 429: return "Too Many Requests";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    default: return "";
-    }
-}
-
 static void out(sv_conn *c, const char *p, size_t n)
 {
     if (sv_buf_append(&c->out, p, n, SV_HEAD_LIMIT) != 0)
@@ -72,19 +35,12 @@ static int ieq(const char *a, long alen, const char *lower)
     return 1;
 }
 
-static int is_tchar(unsigned char ch)
-{
-    if ((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z'))
-        return 1;
-    return ch && strchr("!#$%&'*+-.^_`|~", ch) != NULL;
-}
-
 static void check_name(const char *p, long n)
 {
     if (n == 0)
         rb_raise(sv_eBadResponse, "empty response header name");
     for (long i = 0; i < n; i++)
-        if (!is_tchar((unsigned char)p[i]))
+        if (!sv_is_tchar((unsigned char)p[i]))
             rb_raise(sv_eBadResponse, "invalid response header name %.*s", (int)(n > 64 ? 64 : n), p);
 }
 
@@ -233,7 +189,7 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw
     head_ctx x = {c, 0, 0, 0, 0, -1, Qnil};
     size_t mark = c->out.len;
     char line[64];
-    int n = snprintf(line, sizeof(line), "HTTP/1.1 %d %s\r\n", code, reason(code));
+    int n = snprintf(line, sizeof(line), "HTTP/1.1 %d %s\r\n", code, sv_reason_phrase(code));
     out(c, line, (size_t)n);
     if (!NIL_P(headers)) {
         if (!RB_TYPE_P(headers, T_HASH))

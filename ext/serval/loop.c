@@ -19,21 +19,11 @@
 #include "serval.h"
 #include "tls.h"
 
+/* The loop's own answers always carry a phrase. */
 static const char *status_reason(int status)
 {
-    switch (status) {
-    case 400: return "Bad Request";
-    case 408: return "Request Timeout";
-    case 413: return "Content Too Large";
-    case 414: return "URI Too Long";
-    case 417: return "Expectation Failed";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Error";
-    }
+    const char *phrase = sv_reason_phrase(status);
+    return *phrase ? phrase : "Error";
 }
 
 /* ---- connection table -------------------------------------------------- */

@@ -59,7 +59,7 @@ static int is_ws(unsigned char c) { return c == ' ' || c == '\t'; }
 
 /* tchar = "!" / "#" / "$" / "%" / "&" / "'" / "*" / "+" / "-" / "." /
  *         "^" / "_" / "`" / "|" / "~" / DIGIT / ALPHA          (RFC 9110 5.6.2) */
-static int is_tchar(unsigned char c)
+int sv_is_tchar(unsigned char c)
 {
     if (is_alpha(c) || is_digit(c)) return 1;
     switch (c) {
@@ -116,7 +116,7 @@ static int all_tchar(const char *p, size_t n)
 {
     if (n == 0) return 0;
     for (size_t i = 0; i < n; i++)
-        if (!is_tchar((unsigned char)p[i])) return 0;
+        if (!sv_is_tchar((unsigned char)p[i])) return 0;
     return 1;
 }
 
@@ -353,7 +353,7 @@ static int parse_request_line(sv_ctx *x, sv_request *r, size_t start, size_t eol
     size_t i = 0;
 
     while (i < n && line[i] != ' ') {
-        if (!is_tchar((unsigned char)line[i])) return fail(x, SV_ERR_BAD_REQUEST, "invalid method");
+        if (!sv_is_tchar((unsigned char)line[i])) return fail(x, SV_ERR_BAD_REQUEST, "invalid method");
         i++;
     }
     if (i == n) return fail(x, SV_ERR_BAD_REQUEST, "bad request line");
@@ -404,7 +404,7 @@ static int on_transfer_encoding(sv_ctx *x, const char *v, size_t n)
     while (next_elem(v, n, &pos, &e, &elen)) {
         if (elen == 0) return fail(x, SV_ERR_BAD_REQUEST, "empty Transfer-Encoding element");
         size_t k = 0;
-        while (k < elen && is_tchar((unsigned char)e[k])) k++;
+        while (k < elen && sv_is_tchar((unsigned char)e[k])) k++;
         if (k == 0) return fail(x, SV_ERR_BAD_REQUEST, "invalid Transfer-Encoding");
         int chunked = ieq(e, k, "chunked");
         if (k < elen) { /* only transfer-parameters may follow: OWS ";" ... */
@@ -476,7 +476,7 @@ static int parse_field_line(sv_ctx *x, sv_header *h, size_t start, size_t eol)
     while (i < n && line[i] != ':') {
         unsigned char c = (unsigned char)line[i];
         if (is_ws(c)) return fail(x, SV_ERR_BAD_REQUEST, "whitespace before colon");
-        if (!is_tchar(c)) return fail(x, SV_ERR_BAD_REQUEST, "invalid header name");
+        if (!sv_is_tchar(c)) return fail(x, SV_ERR_BAD_REQUEST, "invalid header name");
         i++;
     }
     if (i == 0 || i == n) return fail(x, SV_ERR_BAD_REQUEST, "invalid header name");
@@ -570,7 +570,7 @@ static int method_prefix(sv_ctx *x, size_t pos, size_t end)
 {
     size_t i = pos;
     while (i < end && x->buf[i] != ' ') {
-        if (!is_tchar((unsigned char)x->buf[i]) || i - pos >= SV_METHOD_MAX)
+        if (!sv_is_tchar((unsigned char)x->buf[i]) || i - pos >= SV_METHOD_MAX)
             return fail(x, SV_ERR_BAD_REQUEST, "invalid method");
         i++;
     }
@@ -691,10 +691,10 @@ static int chunk_ext_byte(sv_chunked *c, unsigned char ch, const char **errmsg)
         break;
     case CS_EXT_NAME_START:
         if (is_ws(ch)) return 0;
-        if (is_tchar(ch)) { c->state = CS_EXT_NAME; return 0; }
+        if (sv_is_tchar(ch)) { c->state = CS_EXT_NAME; return 0; }
         break;
     case CS_EXT_NAME:
-        if (is_tchar(ch)) return 0;
+        if (sv_is_tchar(ch)) return 0;
         if (is_ws(ch)) { c->state = CS_EXT_WS_SEMI_EQ; return 0; }
         if (ch == ';') { c->state = CS_EXT_NAME_START; return 0; }
         if (ch == '=') { c->state = CS_EXT_VAL_START; return 0; }
@@ -702,10 +702,10 @@ static int chunk_ext_byte(sv_chunked *c, unsigned char ch, const char **errmsg)
     case CS_EXT_VAL_START:
         if (is_ws(ch)) return 0;
         if (ch == '"') { c->state = CS_EXT_QSTR; return 0; }
-        if (is_tchar(ch)) { c->state = CS_EXT_VAL_TOKEN; return 0; }
+        if (sv_is_tchar(ch)) { c->state = CS_EXT_VAL_TOKEN; return 0; }
         break;
     case CS_EXT_VAL_TOKEN:
-        if (is_tchar(ch)) return 0;
+        if (sv_is_tchar(ch)) return 0;
         if (is_ws(ch)) { c->state = CS_EXT_WS_SEMI; return 0; }
         if (ch == ';') { c->state = CS_EXT_NAME_START; return 0; }
         break;
@@ -759,10 +759,10 @@ static int chunk_trailer_byte(sv_chunked *c, unsigned char ch, const char **errm
     switch (c->state) {
     case CS_TRL_START:
         if (is_ws(ch)) return chunk_fail(c, errmsg, SV_ERR_BAD_REQUEST, "obs-fold not allowed");
-        if (is_tchar(ch)) { c->state = CS_TRL_NAME; return 0; }
+        if (sv_is_tchar(ch)) { c->state = CS_TRL_NAME; return 0; }
         return chunk_fail(c, errmsg, SV_ERR_BAD_REQUEST, ch == '\n' ? "bare LF" : "invalid header name");
     case CS_TRL_NAME:
-        if (is_tchar(ch)) return 0;
+        if (sv_is_tchar(ch)) return 0;
         if (ch == ':') { c->state = CS_TRL_VALUE; return 0; }
         if (is_ws(ch)) return chunk_fail(c, errmsg, SV_ERR_BAD_REQUEST, "whitespace before colon");
         return chunk_fail(c, errmsg, SV_ERR_BAD_REQUEST, "invalid header name");
