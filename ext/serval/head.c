@@ -1,4 +1,5 @@
 /* Serialising a Rack response head into the connection's output buffer. */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -203,8 +204,13 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw
         }
     }
     int bodyless = code < 200 || code == 204 || code == 304;
-    int keep = r->keep_alive && !core->draining && c->nreq < core->opt.max_keepalive_requests && !x.conn_close;
-    if (keep && core->opt.balance && core->queued > (size_t)core->waiting)
+    /* draining, queued and waiting belong to the scheduler: read under its lock */
+    pthread_mutex_lock(&core->mu);
+    int draining = core->draining;
+    int busy = core->queued > (size_t)core->waiting;
+    pthread_mutex_unlock(&core->mu);
+    int keep = r->keep_alive && !draining && c->nreq < core->opt.max_keepalive_requests && !x.conn_close;
+    if (keep && core->opt.balance && busy)
         keep = 0; /* no thread free here: the client reconnects, maybe to an idle sibling */
     c->head_only = r->method_len == 4 && memcmp(r->method, "HEAD", 4) == 0;
     c->expected = -1;

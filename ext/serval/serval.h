@@ -160,17 +160,18 @@ struct sv_core {
     size_t conns_cap;
     double next_scan;
 
-    pthread_mutex_t mu;          /* guards everything below */
+    pthread_mutex_t mu;          /* guards everything below; the _Atomic ones are written under it
+                                  * and may be read without it */
     pthread_cond_t cv;
     sv_conn *q_head, *q_tail;    /* ready queue */
     size_t queued;
     int waiting;                 /* Ruby threads blocked in Core#next */
-    int balance_paused;          /* balance: listeners out of epoll until a thread waits */
+    _Atomic int balance_paused;  /* balance: listeners out of epoll until a thread waits */
     sv_conn *returned;           /* conns handed back to the loop for parsing */
     sv_conn *dead;               /* conns closed by Ruby threads, to free */
-    int draining;
+    _Atomic int draining;
     int accept_closed;           /* the loop has taken the listeners out of epoll */
-    int stopping;
+    _Atomic int stopping;
     double stop_deadline;
 
     _Atomic long partial;        /* loop-owned conns holding a partial request */
