@@ -2,6 +2,7 @@
 
 require "json"
 require "rack/utils"
+require "serval/commands"
 
 module Serval
   # The control app: a Rack app answering GET /<command>?token=TOKEN with
@@ -11,23 +12,8 @@ module Serval
   #   app = Serval::ControlApp.new(launcher, token: "s3cret")
   #   app.call(env) # => [200, {...}, ['{"backlog":0,...}']]
   class ControlApp
-    # path => [launcher command, what the answer says]
-    COMMANDS = {
-      "/stop" => :stop,
-      "/halt" => :halt,
-      "/restart" => :restart,
-      "/phased-restart" => :phased_restart,
-      "/reopen-logs" => :reopen_logs
-    }.freeze
-
-    QUERIES = {
-      "/stats" => :stats,
-      "/thread-backtraces" => :thread_backtraces,
-      "/gc-stats" => :gc_stats,
-      "/gvl-trace" => :gvl_trace,
-      "/window" => :window,
-      "/advice" => :advice
-    }.freeze
+    COMMANDS = Commands::PATHS # path => launcher command
+    QUERIES = Commands::QUERIES
 
     # /advice query parameters => [recommender option, parser]
     ADVICE_PARAMS = {

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "serval/commands"
+
 require "json"
 require "optparse"
 require "socket"
@@ -17,8 +19,7 @@ module Serval
   # Exit status: 0 done, 1 the server answered with an error, 2 usage or
   # configuration error, 3 the server could not be reached.
   class Ctl
-    COMMANDS = %w[stats status stop halt restart phased-restart reopen-logs thread-backtraces gc-stats
-                  gvl-trace window advise].freeze
+    COMMANDS = Commands::CTL
     WINDOW_FIGURES = %w[queue run idle stall pool_wait wall].freeze
     CONNECT_TIMEOUT = 5
     READ_TIMEOUT = 15

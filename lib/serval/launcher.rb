@@ -19,7 +19,7 @@ module Serval
   #   launcher.stats        # Puma-format stats Hash
   class Launcher
     # Commands for #enqueue; the signals in Signals::MASTER map to the same ones.
-    COMMANDS = %i[stop halt restart phased_restart reopen_logs add_worker remove_worker dump_threads].freeze
+    COMMANDS = Commands::NAMES
 
     attr_reader :mode
 

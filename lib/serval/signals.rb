@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "serval/commands"
+
 require "io/wait"
 
 module Serval
@@ -11,15 +13,11 @@ module Serval
   #   signals.install(Serval::Signals::MASTER)
   #   signals.wait(5)   # => [:stop] (commands, in arrival order; [] on timeout)
   class Signals
-    DUMP_SIGNAL = Signal.list.key?("INFO") ? "INFO" : "PWR"
+    DUMP_SIGNAL = Commands::DUMP_SIGNAL
 
     # signal => command, for the process that supervises (single mode or the
-    # cluster master). Launcher#enqueue takes the same commands.
-    MASTER = {
-      "TERM" => :stop, "QUIT" => :stop, "INT" => :halt, "USR2" => :restart,
-      "USR1" => :phased_restart, "HUP" => :reopen_logs, "TTIN" => :add_worker,
-      "TTOU" => :remove_worker, DUMP_SIGNAL => :dump_threads, "CHLD" => :child
-    }.freeze
+    # cluster master): lib/serval/commands.rb's table, plus SIGCHLD.
+    MASTER = Commands::SIGNALS.merge("CHLD" => :child).freeze
 
     # signal => command, in a cluster worker (the master sends TERM/INT/HUP/dump).
     WORKER = {
