@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "serval/keys"
+
 module Serval
   module Advice
     # The text `servalctl advise` prints: the sweep as a table (threads,
@@ -95,13 +97,7 @@ module Serval
         n.to_i.to_s.reverse.scan(/\d{1,3}/).join(",").reverse
       end
 
-      def symbolize(obj)
-        case obj
-        when Hash then obj.to_h { |k, v| [k.to_sym, symbolize(v)] }
-        when Array then obj.map { |v| symbolize(v) }
-        else obj
-        end
-      end
+      def symbolize(obj) = Keys.symbolize(obj)
     end
   end
 end

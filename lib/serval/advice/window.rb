@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "serval/keys"
+
 require "serval/advice/distribution"
 require "serval/advice/workload"
 
@@ -153,13 +155,7 @@ module Serval
         ScaledDistribution.new(idle, factor)
       end
 
-      def symbolize(obj)
-        case obj
-        when Hash then obj.to_h { |k, v| [k.to_sym, symbolize(v)] }
-        when Array then obj.map { |v| symbolize(v) }
-        else obj
-        end
-      end
+      def symbolize(obj) = Keys.symbolize(obj)
     end
   end
 end

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "serval/keys"
+
 module Serval
   class Timing
     # The rolling window of one process, read from the buckets the request
@@ -117,13 +119,7 @@ module Serval
         out
       end
 
-      def symbolize(obj)
-        case obj
-        when Hash then obj.to_h { |k, v| [k.to_sym, symbolize(v)] }
-        when Array then obj.map { |v| symbolize(v) }
-        else obj
-        end
-      end
+      def symbolize(obj) = Keys.symbolize(obj)
     end
   end
 end
