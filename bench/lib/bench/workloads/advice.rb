@@ -24,7 +24,8 @@ module Bench
       def queries = Integer(ENV.fetch("BENCH_ADVICE_QUERIES", "2"))
       def shares = ENV.fetch("BENCH_ADVICE_SHARES", "0.7,0.35,0.2,0.1").split(",").map { |s| Float(s) }
       def window_threads = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_THREADS", "4"))
-      def window_seconds = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_DURATION", "15"))
+      def window_requests = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_REQUESTS", "2000"))
+      def window_max_seconds = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_DURATION", "60"))
       def open_seconds = Integer(ENV.fetch("BENCH_ADVICE_OPEN_DURATION", "20"))
       def rounds = [ctx.rounds, Integer(ENV.fetch("BENCH_ADVICE_ROUNDS", "2"))].max
       def warmup = [ctx.warmup, 1].min
@@ -114,9 +115,15 @@ module Bench
                                 extra: AdviceSource.server_flags(control_port, token), db: db_path).start
         proc.wait_ready(path: "/")
         url = "http://127.0.0.1:#{proc.port}#{path(share)}"
-        Wrk.run(ctx, url, duration: window_seconds, connections: window_threads)
+        seconds = 0
+        # Load in 5 s steps until the window holds enough requests (the
+        # advice wants 1,000; 70 % CPU at 4 threads serves ~60 req/s).
+        while seconds < window_max_seconds && File.read(proc.log_path).scan("GET /work").size < window_requests
+          Wrk.run(ctx, url, duration: 5, connections: window_threads)
+          seconds += 5
+        end
         AdviceSource.fetch(control_port: control_port, token: token, log_path: proc.log_path,
-                           threads: window_threads, seconds: window_seconds)
+                           threads: window_threads, seconds: seconds)
       ensure
         proc&.stop
       end
