@@ -1,0 +1,144 @@
+# frozen_string_literal: true
+
+require "socket"
+require "json"
+require "optparse"
+
+module Bench
+  # An open-loop HTTP load generator (wrk is closed-loop): requests are sent
+  # at Poisson arrival times fixed in advance, whatever the server does, and
+  # each latency is measured from the request's scheduled time, not from when
+  # a connection was free to send it - so a server that falls behind is
+  # charged for the whole wait (no coordinated omission).
+  #
+  # `connections` threads each keep one keep-alive connection and take the
+  # next scheduled request in order; more connections than requests in
+  # flight keep the schedule. Requests scheduled in the first `warmup`
+  # seconds are sent but not counted.
+  #
+  #   ruby bench/lib/bench/open_loop.rb --url http://127.0.0.1:9292/work --rate 50 \
+  #        --duration 20 [--warmup 2] [--connections 64] [--seed 1]
+  # prints one JSON object: rate, sent, completed, errors, late (sent more
+  # than 10 ms after their time), p50_ms, p90_ms, p99_ms, max_ms, achieved_rps.
+  class OpenLoop
+    def initialize(host:, port:, path:, rate:, duration:, warmup: 2.0, connections: 64, seed: 1, timeout: 30.0)
+      raise ArgumentError, "rate must be > 0" unless rate.positive?
+
+      @host = host
+      @port = port
+      @path = path
+      @duration = duration
+      @warmup = warmup
+      @connections = connections
+      @timeout = timeout
+      rng = Random.new(seed)
+      t = 0.0
+      @schedule = []
+      loop do
+        t += -Math.log(1.0 - rng.rand) / rate
+        break if t > warmup + duration
+
+        @schedule << t
+      end
+      @rate = rate
+      @next = 0
+      @lock = Mutex.new
+    end
+
+    def run
+      start = now + 0.2
+      results = Array.new(@connections) { Thread.new { worker(start) } }.map(&:value)
+      lat = []
+      errors = 0
+      late = 0
+      results.each do |r|
+        lat.concat(r[:latencies])
+        errors += r[:errors]
+        late += r[:late]
+      end
+      lat.sort!
+      counted = @schedule.count { |s| s >= @warmup }
+      { rate: @rate, duration: @duration, connections: @connections, sent: @schedule.size, counted: counted,
+        completed: lat.size, errors: errors, late: late, achieved_rps: (lat.size / @duration).round(2),
+        p50_ms: ms(q(lat, 0.5)), p90_ms: ms(q(lat, 0.9)), p99_ms: ms(q(lat, 0.99)), max_ms: ms(lat.last) }
+    end
+
+    private
+
+    def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+    def take
+      @lock.synchronize do
+        i = @next
+        @next += 1
+        i < @schedule.size ? @schedule[i] : nil
+      end
+    end
+
+    def worker(start)
+      out = { latencies: [], errors: 0, late: 0 }
+      sock = nil
+      while (at = take)
+        due = start + at
+        wait = due - now
+        sleep(wait) if wait.positive?
+        out[:late] += 1 if now - due > 0.010 && at >= @warmup
+        begin
+          sock ||= TCPSocket.new(@host, @port).tap { |s| s.setsockopt(Socket::IPPROTO_TCP, Socket::TCP_NODELAY, 1) }
+          ok = request(sock)
+        rescue IOError, SystemCallError
+          ok = false
+        end
+        unless ok
+          sock&.close
+          sock = nil
+          out[:errors] += 1 if at >= @warmup
+          next
+        end
+        out[:latencies] << (now - due) if at >= @warmup
+      end
+      out
+    ensure
+      sock&.close
+    end
+
+    # One GET on a keep-alive connection; true for a complete 200 response.
+    def request(sock)
+      sock.write("GET #{@path} HTTP/1.1\r\nHost: #{@host}:#{@port}\r\n\r\n")
+      status = read_line(sock) or return false
+      length = nil
+      while (line = read_line(sock)) && !line.empty?
+        length = Integer(line.split(":", 2)[1]) if line.downcase.start_with?("content-length:")
+      end
+      return false unless line && length
+
+      sock.read(length)&.bytesize == length && status.start_with?("HTTP/1.1 200")
+    end
+
+    def read_line(sock)
+      return nil unless sock.wait_readable(@timeout)
+
+      sock.gets("\r\n")&.chomp("\r\n")
+    end
+
+    def q(sorted, p) = sorted.empty? ? nil : sorted[[(p * sorted.size).ceil - 1, 0].max]
+    def ms(sec) = sec && (sec * 1e3).round(3)
+  end
+end
+
+if $PROGRAM_NAME == __FILE__
+  o = { warmup: 2.0, connections: 64, seed: 1 }
+  OptionParser.new do |op|
+    op.on("--url URL") { |v| o[:url] = v }
+    op.on("--rate R", Float) { |v| o[:rate] = v }
+    op.on("--duration S", Float) { |v| o[:duration] = v }
+    op.on("--warmup S", Float) { |v| o[:warmup] = v }
+    op.on("--connections N", Integer) { |v| o[:connections] = v }
+    op.on("--seed N", Integer) { |v| o[:seed] = v }
+  end.parse!
+  abort "usage: open_loop.rb --url URL --rate R --duration S" unless o[:url] && o[:rate] && o[:duration]
+  m = o[:url].match(%r{\Ahttp://([^:/]+):(\d+)(/.*)?\z}) or abort "open_loop.rb: --url must be http://HOST:PORT/PATH"
+  lg = Bench::OpenLoop.new(host: m[1], port: Integer(m[2]), path: m[3] || "/", rate: o[:rate], duration: o[:duration],
+                           warmup: o[:warmup], connections: o[:connections], seed: o[:seed])
+  puts JSON.generate(lg.run)
+end

@@ -1,0 +1,221 @@
+# frozen_string_literal: true
+
+require "json"
+require_relative "../advice_source"
+
+module Bench
+  module Workloads
+    # Issue #9's check of Serval's concurrency advice. Per CPU share (70, 35,
+    # 20 and 10 %): requests of mean 20 ms with exponential CPU time and two
+    # real socket round trips to a stand-in database (bench/apps/advice.ru,
+    # bench/lib/bench/fake_db.rb); Serval runs at a middle thread count, is
+    # asked for advice, then a closed-loop sweep over fixed thread counts
+    # (wrk -c = threads, median of rounds) gives the knee and the best req/s,
+    # and an open-loop run (bench/lib/bench/open_loop.rb) at the advised
+    # threads measures p99 at the rates the advice predicted for 50 % and
+    # 80 % of its max req/s.
+    class Advice < Workload
+      register "advice"
+
+      DB_CPU_NOTE = "the stand-in database and both load generators run on the client CPU"
+
+      def name = "advice"
+      def request_ms = Float(ENV.fetch("BENCH_ADVICE_MS", "20"))
+      def queries = Integer(ENV.fetch("BENCH_ADVICE_QUERIES", "2"))
+      def shares = ENV.fetch("BENCH_ADVICE_SHARES", "0.7,0.35,0.2,0.1").split(",").map { |s| Float(s) }
+      def window_threads = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_THREADS", "4"))
+      def window_requests = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_REQUESTS", "2000"))
+      def window_max_seconds = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_DURATION", "60"))
+      def open_seconds = Integer(ENV.fetch("BENCH_ADVICE_OPEN_DURATION", "20"))
+      def rounds = [ctx.rounds, Integer(ENV.fetch("BENCH_ADVICE_ROUNDS", "2"))].max
+      def warmup = [ctx.warmup, 1].min
+      def server_names = %w[serval]
+
+      # Thread counts swept: well past where the GVL should saturate
+      # (1 / share), at most 16 (the advice's own sweep).
+      def thread_counts(share)
+        max = ENV["BENCH_ADVICE_MAX_THREADS"]&.then { |v| Integer(v) } || ((1.6 / share).ceil + 3).clamp(6, 16)
+        (1..max).to_a
+      end
+
+      def path(share) = "/work?ms=#{request_ms}&cpu=#{share}&q=#{queries}"
+
+      def description
+        "#{request_ms.round} ms requests, exponential CPU (share #{shares.map { |s| "#{(s * 100).round} %" }.join(', ')}) " \
+          "and #{queries} round trips to a stand-in database; advice from Serval at #{window_threads} threads, then " \
+          "sweep -c = threads (median of #{rounds}) and open-loop p99, server on CPU #{ctx.server_cpu}"
+      end
+
+      def run(servers)
+        server = select(servers).first or return skipped
+        db_path = File.join(ctx.scratch, "fake_db.sock")
+        db = start_db(db_path)
+        per_share = shares.map { |share| measure_share(server, share, db_path) }
+        { "name" => name, "description" => description,
+          "servers" => { "serval" => { "version" => server.version, "shares" => per_share } },
+          "ratio" => nil, "pick" => "median of #{rounds} rounds per thread count",
+          "check" => { "target" => "threads within 1 of the knee, max req/s within 10 %, p99 within 25 %",
+                       "ok" => per_share.all? { |s| s["ok"] } } }
+      ensure
+        Util.stop(db) if db
+      end
+
+      def skipped
+        { "name" => name, "description" => description, "servers" => {}, "ratio" => nil,
+          "check" => { "target" => nil, "ok" => nil } }
+      end
+
+      def start_db(path)
+        log = File.join(ctx.scratch, "fake_db.log")
+        pid = Util.spawn(ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "fake_db.rb"), path]), out: log, err: log)
+        deadline = Util.now + ctx.boot_timeout
+        sleep 0.05 until File.socket?(path) || Util.now > deadline
+        raise Error, "fake db did not start: #{File.read(log)}" unless File.socket?(path)
+
+        pid
+      end
+
+      def measure_share(server, share, db_path)
+        advice = ask_advice(server, share, db_path)
+        counts = thread_counts(share)
+        runs = Hash.new { |h, k| h[k] = [] }
+        rounds.times do |round|
+          (round.even? ? counts : counts.reverse).each { |t| runs[t] << closed(server, share, db_path, t) }
+        end
+        sweep = counts.map do |t|
+          list = runs[t]
+          { "threads" => t, "rps" => median(list.map { |r| r["rps"] }), "p99_ms" => median(list.map { |r| r["p99_ms"] }),
+            "rounds" => list.map { |r| r["rps"].round(1) },
+            "model_rps" => advice.dig("sweep", t - 1, "rps") }
+        end
+        best = sweep.map { |r| r["rps"] }.max
+        knee = sweep.find { |r| r["rps"] >= 0.95 * best }["threads"]
+        open = advice["threads"] ? open_loop(server, share, db_path, advice) : []
+        summarize(share, advice, sweep, best, knee, open)
+      end
+
+      def summarize(share, advice, sweep, best, knee, open)
+        threads = advice["threads"]
+        rps_err = threads && (advice["max_rps_per_process"] / best) - 1
+        p99_ok = open.all? { |o| o["p99_err"] && o["p99_err"].abs <= 0.25 }
+        ok = threads && (threads - knee).abs <= 1 && rps_err.abs <= 0.10 && p99_ok && !open.empty?
+        ctx.log format("advice: cpu %.2f advised %s knee %d predicted %.1f best %.1f", share, threads.inspect, knee,
+                       advice["max_rps_per_process"].to_f, best)
+        { "share" => share, "advice" => advice.slice("source", "threads", "knee", "cpu_share", "max_rps_per_process",
+                                                     "requests", "warnings", "workload", "stall", "measured"),
+          "advised_threads" => threads, "knee" => knee, "best_rps" => best, "predicted_rps" => advice["max_rps_per_process"],
+          "rps_err" => rps_err, "sweep" => sweep, "open_loop" => open, "ok" => ok ? true : false }
+      end
+
+      # Serval at the window's thread count under load, then its advice.
+      def ask_advice(server, share, db_path)
+        control_port = Util.free_port
+        token = AdviceSource.token
+        proc = AdviceServer.new(server, app: app_path("advice.ru"), port: Util.free_port, threads: window_threads,
+                                extra: AdviceSource.server_flags(control_port, token), db: db_path).start
+        proc.wait_ready(path: "/")
+        url = "http://127.0.0.1:#{proc.port}#{path(share)}"
+        seconds = 0
+        # Load in 5 s steps until the window holds enough requests (the
+        # advice wants 1,000; 70 % CPU at 4 threads serves ~60 req/s).
+        while seconds < window_max_seconds && File.read(proc.log_path).scan("GET /work").size < window_requests
+          Wrk.run(ctx, url, duration: 5, connections: window_threads)
+          seconds += 5
+        end
+        AdviceSource.fetch(control_port: control_port, token: token, log_path: proc.log_path,
+                           threads: window_threads, seconds: seconds)
+      ensure
+        proc&.stop
+      end
+
+      def closed(server, share, db_path, threads)
+        with_db_server(server, db_path, threads) do |proc|
+          url = "http://127.0.0.1:#{proc.port}#{path(share)}"
+          Wrk.run(ctx, url, duration: warmup, connections: threads)
+          f = Wrk.run(ctx, url, duration: ctx.duration, connections: threads)
+          ctx.log format("advice: cpu %.2f threads %d: %.1f req/s p99 %s", share, threads, f["rps"], fmt_ms(f["p99_ms"]))
+          { "rps" => f["rps"], "p99_ms" => f["p99_ms"], "command" => f["command"] }
+        end
+      end
+
+      # Open-loop arrivals at the rates the advice gave its p99 for.
+      def open_loop(server, share, db_path, advice)
+        threads = advice["threads"]
+        Array(advice["load"]).map do |point|
+          with_db_server(server, db_path, threads) do |proc|
+            url = "http://127.0.0.1:#{proc.port}#{path(share)}"
+            argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), "--url", url,
+                                   "--rate", point["rate"].to_s, "--duration", open_seconds.to_s, "--warmup", "2"])
+            status, out, timed_out = Util.capture(argv, timeout: open_seconds + 60)
+            raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
+
+            m = JSON.parse(out.lines.last)
+            predicted = point["latency_p99"] * 1e3
+            ctx.log format("advice: cpu %.2f open loop %.1f req/s at %d threads: p99 %.1f ms (predicted %.1f)",
+                           share, point["rate"], threads, m["p99_ms"].to_f, predicted)
+            { "load" => point["load"], "rate" => point["rate"], "threads" => threads,
+              "predicted_p50_ms" => point["latency_p50"] * 1e3, "predicted_p99_ms" => predicted,
+              "p50_ms" => m["p50_ms"], "p99_ms" => m["p99_ms"], "completed" => m["completed"], "errors" => m["errors"],
+              "late" => m["late"], "p99_err" => m["p99_ms"] && ((predicted / m["p99_ms"]) - 1),
+              "command" => argv.join(" ").gsub(/127\.0\.0\.1:\d+/, "127.0.0.1:PORT") }
+          end
+        end
+      end
+
+      def with_db_server(server, db_path, threads)
+        proc = AdviceServer.new(server, app: app_path("advice.ru"), port: Util.free_port, threads: threads,
+                                db: db_path).start
+        proc.wait_ready(path: "/")
+        yield proc
+      ensure
+        proc&.stop
+      end
+
+      def median(list)
+        s = list.compact.sort
+        s.empty? ? nil : (s[(s.size - 1) / 2] + s[s.size / 2]) / 2.0
+      end
+
+      def pct(err) = err ? format("%+.0f %%", err * 100) : "-"
+
+      def table(result)
+        rows = [["CPU share", "measured share", "advised threads", "knee", "predicted req/s", "best req/s", "err",
+                 "p99 @50 % pred / meas", "err", "p99 @80 % pred / meas", "err", "ok"]]
+        notes = []
+        result.dig("servers", "serval", "shares").to_a.each do |s|
+          a = s["advice"]
+          o50, o80 = s["open_loop"].values_at(0, 1)
+          p99 = ->(o) { o ? format("%.0f / %.0f ms", o["predicted_p99_ms"], o["p99_ms"].to_f) : "-" }
+          rows << ["#{(s['share'] * 100).round} %", a["cpu_share"] ? format("%.2f", a["cpu_share"]) : "-",
+                   s["advised_threads"].inspect, s["knee"].to_s, fmt_rps(s["predicted_rps"]), fmt_rps(s["best_rps"]),
+                   pct(s["rps_err"]), p99.call(o50), pct(o50&.fetch("p99_err")), p99.call(o80),
+                   pct(o80&.fetch("p99_err")), s["ok"] ? "yes" : "no"]
+          notes << "#{(s['share'] * 100).round} % sweep (threads: measured median / model req/s): " +
+                   s["sweep"].map { |r| format("%d: %s / %s", r["threads"], fmt_rps(r["rps"]), fmt_rps(r["model_rps"])) }.join(", ")
+        end
+        notes << "knee = fewest threads with >= 95 % of the sweep's best median req/s (wrk -c = threads); err = predicted / measured - 1; " \
+                 "p99 measured open loop (Poisson arrivals, latency from the scheduled send time) at the advised threads and the " \
+                 "rates the advice predicted for 50 % and 80 % of its max req/s"
+        notes << "advice from: #{result.dig('servers', 'serval', 'shares', 0, 'advice', 'source')}; #{DB_CPU_NOTE} (CPU #{ctx.client_cpu})"
+        [rows, notes]
+      end
+    end
+
+    # Serval with extra flags and the stand-in database's socket in its
+    # environment (FAKE_DB_SOCKET, read by bench/apps/advice.ru).
+    class AdviceServer < ServerProcess
+      def initialize(server, app:, port:, threads:, db:, extra: [])
+        super(server, app: app, port: port, threads: threads)
+        argv = server.argv(app: app, port: port, threads: threads)
+        @command = server.ctx.pin_server(argv[0..-2] + extra + [argv[-1]])
+        @db = db
+      end
+
+      def start
+        @pid = Util.spawn(@command, env: server.env.merge("FAKE_DB_SOCKET" => @db), chdir: server.chdir,
+                                    out: @log_path, err: @log_path)
+        self
+      end
+    end
+  end
+end
