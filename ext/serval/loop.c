@@ -15,6 +15,7 @@
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include "serval.h"
 #include "tls.h"
@@ -139,15 +140,23 @@ static void balance_listeners(sv_core *core)
         listeners_register(core, 1);
 }
 
+/* A connection waits in the listener's accept queue. */
+static int listener_pending(const sv_listener *l)
+{
+    struct pollfd p = {l->fd, POLLIN, 0};
+    return poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
+}
+
 static void do_accept(sv_core *core, sv_listener *l)
 {
     int batch = core->opt.balance ? free_threads(core) : SV_ACCEPT_BATCH;
     for (int i = 0; i < batch; i++) {
         if ((size_t)atomic_load(&core->open) >= core->opt.max_connections) {
             listeners_register(core, 0); /* resumed by evict_slowest or the timeout scan */
-            /* the listener's event says a connection waits only before this
-             * batch accepted one; later, the scan's re-registration asks again */
-            if (i == 0)
+            /* room is made only for a client that is really waiting: the
+             * listener's event says so before this batch accepted one; after
+             * that, ask the accept queue itself */
+            if (i == 0 || listener_pending(l))
                 core->evict_wanted = 1;
             return;
         }
