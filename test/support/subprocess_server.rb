@@ -51,20 +51,7 @@ module Serval
     # MatchData, or raises with both logs when the deadline passes or the
     # process exits first.
     def wait_for(pattern, stream: :out, timeout: 10)
-      deadline = now + timeout
-      @mutex.synchronize do
-        loop do
-          line = @lines[stream].find { |l| l.match?(pattern) }
-          return line.match(pattern) if line
-          break if @eof && @eof >= 2
-
-          left = deadline - now
-          break if left <= 0
-
-          @cond.wait(@mutex, [left, 0.5].min)
-        end
-      end
-      raise "no line matching #{pattern.inspect} within #{timeout}s (exited: #{exited?})\n#{logs}"
+      wait_for_count(pattern, 1, stream: stream, timeout: timeout).first
     end
 
     # Waits until count lines of stream match pattern; returns their matches.

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "serval/plugins"
+require "serval/threads"
 
 module Serval
   module Plugins
@@ -28,8 +29,7 @@ module Serval
       end
 
       def start
-        @thread = Thread.new do
-          Thread.current.name = "serval-tmp-restart"
+        @thread = Threads.spawn("serval-tmp-restart", @launcher.log_writer) do
           watch if @launcher.wait_until_booted(BOOT_WAIT)
         end
         self
