@@ -172,6 +172,13 @@ class GVLTest < Minitest::Test
       assert_includes states, "running"
       assert_includes states, "idle"
       assert_includes states, "waiting for GVL"
+      # Each request thread's GVL slices are on its own track (Ruby 3.3 fires
+      # READY for a new thread from its creator: that thread's id must not
+      # be taken for the new one's).
+      workers = events.select { |e| e["ph"] == "M" && e["name"] == "thread_name" && e["args"]["name"].start_with?("serval-worker") }
+                      .map { |e| e["tid"] }
+      running = slices.select { |e| e["cat"] == "gvl" && e["name"] == "running" }.map { |e| e["tid"] }.uniq
+      assert_operator (workers & running).size, :>=, 2, "workers #{workers} ran on tracks #{running}"
       requests = slices.select { |e| e["cat"] == "request" }.map { |e| e["name"] }.uniq
       assert_includes requests, "GET /cpu"
       assert_includes requests, "GET /io"

@@ -47,6 +47,18 @@ class TimingWindowTest < Minitest::Test
     assert_empty later[:samples]
   end
 
+  def test_a_sample_keeps_its_shape
+    T.window_record(START + 1, ROW, 1, [0.001, 0.003, 0.001])
+    record(START + 1)
+    w = W.read(now: START + 2, gvl_split: true)
+    shapes = w[:samples].map { |s| s[:shape] }
+    assert_equal [[0.001, 0.003, 0.001], nil].sort_by(&:to_s), shapes.sort_by(&:to_s)
+    assert_raises(ArgumentError) { T.window_record(START + 1, ROW, 1, [0.001, 0.003]) }
+    assert_raises(ArgumentError) { T.window_record(START + 1, ROW, 1, Array.new(T::WINDOW_SHAPE_SPANS + 2, 0.001)) }
+    json = JSON.parse(JSON.generate(W.merge([w])))
+    assert_equal 2, Serval::Advice::Window.new(json).workload.profiles(2, Random.new(1)).size
+  end
+
   def test_a_young_process_covers_only_its_life
     record(START + 4)
     w = W.read(now: START + 5, gvl_split: true)

@@ -74,6 +74,34 @@ class WindowAccuracyTest < Minitest::Test
     end
   end
 
+  # CPU 4 ms, a 20 ms wait, CPU 2 ms: the sample's shape has those spans
+  # in that order (one thread: no stall to hide them).
+  SHAPE_APP = lambda do |_env|
+    spin(0.004)
+    sleep 0.02
+    spin(0.002)
+    [200, { "content-type" => "text/plain" }, ["ok"]]
+  end
+
+  def test_a_sample_carries_the_requests_shape
+    with_server(SHAPE_APP, max_threads: 1) do |server, port|
+      loop_requests(port, 20)
+      samples = server.window[:samples]
+      assert_equal 20, samples.size
+      samples.each do |s|
+        shape = s.fetch(:shape)
+        assert_equal 3, shape.size, "held, idle, held: #{shape.inspect}"
+        held = shape[0] + shape[2]
+        assert_in_delta s[:run], held, 1e-4, "the held spans add up to run"
+        assert_in_delta s[:idle], shape[1], 1e-4, "the idle span is idle"
+        assert_operator shape[0], :>=, 0.0035, "first span: the 4 ms of CPU"
+        assert_operator shape[1], :>=, 0.019, "then the 20 ms sleep"
+        assert_operator shape[2], :>=, 0.0018, "then the 2 ms of CPU"
+        assert_operator shape[0], :>, shape[2], "in that order"
+      end
+    end
+  end
+
   # An app thread spins on the CPU (outside any request) while requests run
   # 2 x 2 ms of CPU: their run stays about 4 ms (the spinner's time is their
   # stall, not their run), and the spinner's GVL shows as held outside requests.

@@ -81,6 +81,8 @@ typedef struct {
     sv_pool_wait pool;          /* owner thread only */
     uint64_t idle_periods;      /* idle spans of >= SV_IO_MIN_NS ended; owner thread only */
     int in_request;             /* between Timing begin and end; owner thread only */
+    int nseg;                   /* the request's shape so far (sv_gvl_segments); owner thread only */
+    float seg[SV_SEGS];
 } sv_gvl_slot;
 
 typedef struct {
@@ -95,6 +97,28 @@ static pid_t hook_pid;
 static _Atomic int gen = 1;
 static _Atomic uint64_t run_total;  /* GVL held, all threads, finished slices */
 static _Atomic uint64_t outside_total; /* of which outside a request's measured span */
+
+/* Adds dt of kind 0 (GVL held) or 1 (idle) to the request's shape: even
+ * entries are held, odd ones idle; a span of the kind just recorded extends
+ * it (a time slice ended and the GVL came back), and past SV_SEGS entries
+ * the last entry of the kind takes it. */
+static void seg_add(sv_gvl_slot *s, int kind, uint64_t dt)
+{
+    float v = (float)((double)dt / 1e9);
+    int n = s->nseg;
+    if (n > 0 && ((n - 1) & 1) == kind) {
+        s->seg[n - 1] += v;
+    } else if (n == 0 && kind == 1) {
+        s->seg[0] = 0.0f;
+        s->seg[1] = v;
+        s->nseg = 2;
+    } else if (n < SV_SEGS) {
+        s->seg[n] = v;
+        s->nseg = n + 1;
+    } else {
+        s->seg[kind ? SV_SEGS - 2 : SV_SEGS - 1] += v;
+    }
+}
 
 static sv_gvl_event *trace_buf;
 static _Atomic int tracing;
@@ -123,20 +147,27 @@ static void trace_push(uint64_t ts, int tid, int state)
     }
 }
 
-/* The slot of thread th, claiming a free one on first use; NULL when full. */
-static sv_gvl_slot *slot_of(VALUE th, int state, uint64_t now)
+/* The slot of thread th, claiming a free one on first use; NULL when full.
+ * own: the caller runs on th's native thread (RESUMED, SUSPENDED, EXITED and
+ * calls from the thread itself). Ruby 3.3 fires READY for a new or woken
+ * thread from another native thread, so the native id is learnt only on the
+ * thread's own events. */
+static sv_gvl_slot *slot_of(VALUE th, int state, uint64_t now, int own)
 {
     sv_gvl_slot *s = SLOT_GET(th);
     int g = atomic_load_explicit(&gen, memory_order_relaxed);
-    if (s && s->gen == g)
+    if (s && s->gen == g) {
+        if (own && !s->tid)
+            s->tid = (int)syscall(SYS_gettid);
         return s;
+    }
     for (int i = 0; i < SV_GVL_SLOTS; i++) {
         int expect = 0;
         sv_gvl_slot *c = &slots[i];
         if (!atomic_compare_exchange_strong(&c->used, &expect, 1))
             continue;
         c->gen = g;
-        c->tid = (int)syscall(SYS_gettid);
+        c->tid = own ? (int)syscall(SYS_gettid) : 0;
         c->state = state;
         c->since = now;
         for (int k = 0; k < 3; k++)
@@ -144,6 +175,7 @@ static sv_gvl_slot *slot_of(VALUE th, int state, uint64_t now)
         memset(&c->pool, 0, sizeof(c->pool));
         c->idle_periods = 0;
         c->in_request = 0;
+        c->nseg = 0;
         SLOT_SET(th, c);
         return c;
     }
@@ -155,7 +187,7 @@ static void on_event(rb_event_flag_t ev, const rb_internal_thread_event_data_t *
     uint64_t now = now_ns(CLOCK_MONOTONIC);
     int next = ev == RUBY_INTERNAL_THREAD_EVENT_RESUMED ? SV_GVL_RUN
              : ev == RUBY_INTERNAL_THREAD_EVENT_READY ? SV_GVL_WAIT : SV_GVL_IDLE;
-    sv_gvl_slot *s = slot_of(EVENT_THREAD(d), next, now);
+    sv_gvl_slot *s = slot_of(EVENT_THREAD(d), next, now, ev != RUBY_INTERNAL_THREAD_EVENT_READY);
     if (!s)
         return;
     if (s->state != next || s->since != now) {
@@ -165,13 +197,18 @@ static void on_event(rb_event_flag_t ev, const rb_internal_thread_event_data_t *
             atomic_fetch_add_explicit(&run_total, dt, memory_order_relaxed);
             if (!s->in_request)
                 atomic_fetch_add_explicit(&outside_total, dt, memory_order_relaxed);
-        } else if (s->state == SV_GVL_IDLE && dt >= SV_IO_MIN_NS) {
-            s->idle_periods++;
+            else
+                seg_add(s, 0, dt);
+        } else if (s->state == SV_GVL_IDLE) {
+            if (dt >= SV_IO_MIN_NS)
+                s->idle_periods++;
+            if (s->in_request)
+                seg_add(s, 1, dt);
         }
         s->state = next;
         s->since = now;
     }
-    if (atomic_load_explicit(&tracing, memory_order_relaxed))
+    if (s->tid && atomic_load_explicit(&tracing, memory_order_relaxed))
         trace_push(now, s->tid, next);
     if (ev == RUBY_INTERNAL_THREAD_EVENT_EXITED) {
         SLOT_SET(EVENT_THREAD(d), NULL);
@@ -181,7 +218,7 @@ static void on_event(rb_event_flag_t ev, const rb_internal_thread_event_data_t *
 
 static sv_gvl_slot *current_slot(uint64_t now)
 {
-    return hook ? slot_of(rb_thread_current(), SV_GVL_RUN, now) : NULL;
+    return hook ? slot_of(rb_thread_current(), SV_GVL_RUN, now, 1) : NULL;
 }
 
 /* Registers the hook once per process; in a forked child the inherited
@@ -327,6 +364,27 @@ int sv_gvl_counters(uint64_t out[3])
 #endif
 }
 
+/* The calling thread's last (or current) request's shape, SV_SEGS at most
+ * entries, [held, idle, ..., held]; 0 without the hook. */
+int sv_gvl_segments(float out[SV_SEGS])
+{
+#ifdef SV_GVL_HOOK
+    if (!hook)
+        return 0;
+    sv_gvl_slot *s = current_slot(now_ns(CLOCK_MONOTONIC));
+    if (!s || s->nseg == 0)
+        return 0;
+    int n = s->nseg;
+    memcpy(out, s->seg, sizeof(float) * (size_t)n);
+    if ((n & 1) == 0)      /* ended idle (cannot, the thread runs): close with a zero hold */
+        out[n++] = 0.0f;
+    return n;
+#else
+    (void)out;
+    return 0;
+#endif
+}
+
 /* Marks the calling thread as inside (1) or outside (0) a request's measured
  * span, closing its running slice at this instant so the GVL it held so far
  * is filed on the right side; fills out with its run/idle/stall ns and idle
@@ -346,8 +404,12 @@ int sv_gvl_mark(int in_request, uint64_t out[4])
         atomic_fetch_add_explicit(&run_total, dt, memory_order_relaxed);
         if (!s->in_request)
             atomic_fetch_add_explicit(&outside_total, dt, memory_order_relaxed);
+        else
+            seg_add(s, 0, dt);
         s->since = now;
     }
+    if (in_request)
+        s->nseg = 0;
     s->in_request = in_request;
     out[0] = atomic_load_explicit(&s->ns[SV_GVL_RUN], memory_order_relaxed);
     out[1] = atomic_load_explicit(&s->ns[SV_GVL_IDLE], memory_order_relaxed);

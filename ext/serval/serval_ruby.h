@@ -36,9 +36,14 @@ VALUE sv_timing_env_key(void);
 double sv_request_queued_at(VALUE req);
 int sv_gvl_counters(uint64_t out[3]);
 int sv_gvl_mark(int in_request, uint64_t out[4]);
+/* A request's shape: its GVL-held and idle spans in order, [cpu, io, cpu,
+ * ..., cpu], at most SV_SEGS (odd) entries; spans past that fold into the
+ * last two (totals kept). */
+#define SV_SEGS 17
+int sv_gvl_segments(float out[SV_SEGS]);
 /* The rolling window (ext/serval/window.c): figures in this order. */
 enum { SV_WIN_QUEUE = 0, SV_WIN_RUN, SV_WIN_IDLE, SV_WIN_STALL, SV_WIN_POOL, SV_WIN_WALL, SV_WIN_CPU, SV_WIN_FIG };
-void sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods);
+void sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods, const float *segs, int nseg);
 void sv_init_window(VALUE cTiming);
 int sv_pool_wait_counters(uint64_t out[4]);
 void sv_init_timing(VALUE mServal);

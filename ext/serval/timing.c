@@ -223,7 +223,9 @@ void sv_tm_end(sv_tm *t)
         add(TM_RUN, f[SV_WIN_RUN]);
         add(TM_IDLE, f[SV_WIN_IDLE]);
     }
-    sv_win_record((double)t->end_ns / 1e9, f, idle_periods);
+    float segs[SV_SEGS];
+    int nseg = t->has_gvl ? sv_gvl_segments(segs) : 0;
+    sv_win_record((double)t->end_ns / 1e9, f, idle_periods, segs, nseg);
 }
 
 #define NS(x) DBL2NUM((double)(x) / 1e9)

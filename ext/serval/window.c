@@ -29,6 +29,8 @@
 
 typedef struct {
     double f[SV_WIN_FIG];
+    uint8_t nseg;                 /* 0: no shape (no GVL hook) */
+    float seg[SV_SEGS];           /* held, idle, ..., held (sv_gvl_segments) */
 } sv_win_sample;
 
 typedef struct {
@@ -97,8 +99,8 @@ static sv_win_bucket *bucket_at(double now)
 /* One request ending at now (monotonic seconds): f[k] in seconds, NaN when figure k was not measured. Only
  * requests with run and idle (the GVL split, or a sampled CPU clock) enter
  * the reservoir and the run/idle/stall/cpu histograms. idle_periods < 0:
- * unknown. */
-void sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods)
+ * unknown. segs: the request's shape (nseg entries, 0: none). */
+void sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods, const float *segs, int nseg)
 {
     sv_win_bucket *b = bucket_at(now);
     if (!b)
@@ -120,6 +122,11 @@ void sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods)
     uint64_t j = seen <= SV_WIN_RES ? seen - 1 : next_rand() % seen;
     if (j < SV_WIN_RES) {
         memcpy(b->res[j].f, f, sizeof(b->res[j].f));
+        if (nseg < 0 || nseg > SV_SEGS)
+            nseg = 0;
+        b->res[j].nseg = (uint8_t)nseg;
+        if (nseg > 0)
+            memcpy(b->res[j].seg, segs, sizeof(float) * (size_t)nseg);
         if (b->n < SV_WIN_RES)
             b->n++;
     }
@@ -134,7 +141,8 @@ static double opt_now(int argc, VALUE *argv)
  * buckets younger than the window, newest first], each bucket
  * [start, requests, split, idle_periods, counts (figure-major), sums,
  * samples (flat, SV_WIN_FIG per request, nil where not measured), requests
- * the samples were drawn from]. */
+ * the samples were drawn from, the samples' shapes (an Array of seconds
+ * [held, idle, ..., held] per sample, nil without one)]. */
 static VALUE win_buckets(int argc, VALUE *argv, VALUE klass)
 {
     rb_check_arity(argc, 0, 1);
@@ -158,22 +166,46 @@ static VALUE win_buckets(int argc, VALUE *argv, VALUE klass)
             rb_ary_push(sums, DBL2NUM(b->sums[k]));
         }
         VALUE samples = rb_ary_new_capa((long)b->n * SV_WIN_FIG);
-        for (uint32_t s = 0; s < b->n; s++)
+        VALUE shapes = rb_ary_new_capa((long)b->n);
+        for (uint32_t s = 0; s < b->n; s++) {
             for (int k = 0; k < SV_WIN_FIG; k++)
                 rb_ary_push(samples, isnan(b->res[s].f[k]) ? Qnil : DBL2NUM(b->res[s].f[k]));
-        VALUE row = rb_ary_new_from_args(8, DBL2NUM((double)e * SV_WIN_SPAN), ULL2NUM(b->requests),
+            VALUE shape = Qnil;
+            if (b->res[s].nseg > 0) {
+                shape = rb_ary_new_capa(b->res[s].nseg);
+                for (int k = 0; k < b->res[s].nseg; k++)
+                    rb_ary_push(shape, DBL2NUM((double)b->res[s].seg[k]));
+            }
+            rb_ary_push(shapes, shape);
+        }
+        VALUE row = rb_ary_new_from_args(9, DBL2NUM((double)e * SV_WIN_SPAN), ULL2NUM(b->requests),
                                          ULL2NUM(b->split), ULL2NUM(b->idle_periods), counts, sums, samples,
-                                         ULL2NUM(b->seen));
+                                         ULL2NUM(b->seen), shapes);
         rb_ary_push(out, row);
     }
     return rb_ary_new_from_args(3, DBL2NUM(covered < 0 ? 0 : covered), bounds, out);
 }
 
 /* Timing.window_record(now, [queue, run, idle, stall, pool_wait, wall, cpu],
- * idle_periods): a request at a given clock, for tests (nil: not measured). */
-static VALUE win_record(VALUE klass, VALUE now, VALUE figures, VALUE idle_periods)
+ * idle_periods, shape = nil): a request at a given clock, for tests (nil:
+ * not measured; shape: [held, idle, ..., held] seconds, SV_SEGS at most). */
+static VALUE win_record(int argc, VALUE *argv, VALUE klass)
 {
+    rb_check_arity(argc, 3, 4);
+    VALUE now = argv[0], figures = argv[1], idle_periods = argv[2];
+    VALUE shape = argc > 3 ? argv[3] : Qnil;
     double f[SV_WIN_FIG];
+    float segs[SV_SEGS];
+    int nseg = 0;
+    if (!NIL_P(shape)) {
+        Check_Type(shape, T_ARRAY);
+        long n = RARRAY_LEN(shape);
+        if (n > SV_SEGS || (n & 1) == 0)
+            rb_raise(rb_eArgError, "a shape has an odd number of spans, at most %d", SV_SEGS);
+        for (long k = 0; k < n; k++)
+            segs[k] = (float)NUM2DBL(rb_ary_entry(shape, k));
+        nseg = (int)n;
+    }
     Check_Type(figures, T_ARRAY);
     if (RARRAY_LEN(figures) != SV_WIN_FIG)
         rb_raise(rb_eArgError, "window_record takes %d figures", SV_WIN_FIG);
@@ -181,7 +213,7 @@ static VALUE win_record(VALUE klass, VALUE now, VALUE figures, VALUE idle_period
         VALUE v = rb_ary_entry(figures, k);
         f[k] = NIL_P(v) ? NAN : NUM2DBL(v);
     }
-    sv_win_record(NUM2DBL(now), f, NIL_P(idle_periods) ? -1 : NUM2LONG(idle_periods));
+    sv_win_record(NUM2DBL(now), f, NIL_P(idle_periods) ? -1 : NUM2LONG(idle_periods), segs, nseg);
     return Qnil;
 }
 
@@ -197,7 +229,8 @@ void sv_init_window(VALUE cTiming)
 {
     reset_all(mono());
     rb_define_singleton_method(cTiming, "window_buckets", win_buckets, -1);
-    rb_define_singleton_method(cTiming, "window_record", win_record, 3);
+    rb_define_singleton_method(cTiming, "window_record", win_record, -1);
+    rb_define_const(cTiming, "WINDOW_SHAPE_SPANS", INT2NUM(SV_SEGS));
     rb_define_singleton_method(cTiming, "window_reset", win_reset, -1);
     rb_define_const(cTiming, "WINDOW_SPAN", DBL2NUM(SV_WIN_SPAN));
     rb_define_const(cTiming, "WINDOW_BUCKETS", INT2NUM(SV_WIN_BUCKETS));

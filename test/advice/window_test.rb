@@ -24,4 +24,48 @@ class AdviceWindowTest < Minitest::Test
     assert_equal [1, 2], counts.uniq.sort
     assert_in_delta 1.5, counts.sum / counts.size.to_f, 0.05
   end
+
+  # A sample's measured shape is played as it ran: its own number of waits
+  # and their proportions, rescaled to the request's run and to its idle
+  # minus pool_wait (the pool's share the model adds back itself).
+  def test_a_shaped_sample_is_played_as_it_ran
+    shape = [0.002, 0.00002, 0.001, 0.006, 0.001]
+    window = Serval::Advice::Window.new(requests: 1, io_waits: 1,
+                                        samples: [{ run: 0.004, idle: 0.008, pool_wait: 0.002, shape: shape }])
+    workload = window.workload
+    assert_in_delta 1.0, workload.shaped_share
+    profile = workload.profiles(1, Random.new(1)).first
+    assert_equal 5, profile.size, "two waits as measured, not io_waits = 1"
+    held = profile.each_slice(2).sum(&:first)
+    idle = profile.each_slice(2).sum { |pair| pair[1].to_f }
+    assert_in_delta 0.004, held, 1e-12
+    assert_in_delta 0.006, idle, 1e-12, "idle less pool_wait"
+    assert_in_delta 0.002, profile[0], 1e-12, "held spans keep their proportions"
+    assert_in_delta 0.006 * 0.00002 / 0.00602, profile[1], 1e-12, "so do the idle ones"
+  end
+
+  def test_a_shape_must_alternate_held_and_idle
+    assert_raises(ArgumentError) { Serval::Advice::Workload.new(pairs: [[0.01, 0.01, [0.01, 0.01]]]) }
+    assert_raises(ArgumentError) { Serval::Advice::Workload.new(pairs: [[0.01, 0.01, [0.01, -0.01, 0.01]]]) }
+    # a shape the window cannot use (even length) is dropped, not fatal
+    window = Serval::Advice::Window.new(requests: 1, samples: [{ run: 0.01, idle: 0.01, shape: [0.01, 0.01] }])
+    assert_in_delta 0.0, window.workload.shaped_share
+  end
+
+  # Same totals, different shapes: a CPU block cut by a 20 us write gives
+  # the GVL away and queues again behind the other threads, which the even
+  # split (one wait in the middle) cannot show; replaying the shape lowers
+  # the predicted throughput at 4 threads.
+  def test_shapes_change_the_prediction
+    rng = Random.new(3)
+    pairs = Array.new(400) do
+      run = -Math.log(1 - rng.rand) * 0.007
+      io = -Math.log(1 - rng.rand) * 0.013
+      [run, io, [run / 3, 0.00002, 0.0, io, run / 3, 0.00002, run / 3]]
+    end
+    plain = Serval::Advice::Workload.new(pairs: pairs.map { |r, i, _| [r, i] })
+    shaped = Serval::Advice::Workload.new(pairs: pairs)
+    rps = ->(w) { Serval::Advice::Simulation.new(w.profiles(4000, Random.new(1))).closed(4).rps }
+    assert_operator rps.call(shaped), :<, rps.call(plain) * 0.99
+  end
 end

@@ -23,7 +23,8 @@ module Serval
     #
     #     # Per-request figures, either paired records (preferred: keeps a
     #     # request's run and idle together) ...
-    #     samples: [{run:, idle:, stall:, pool_wait:, queue:, wall:}, ...],
+    #     samples: [{run:, idle:, stall:, pool_wait:, queue:, wall:, shape:}, ...],
+    #     # (shape, optional: [held, idle, ..., held] seconds in order, Workload)
     #     # ... or histograms, one per figure ({bounds:, counts:, sum:}, see
     #     # Distribution): run, idle, stall, pool_wait, queue, wall.
     #     histograms: { run: {...}, idle: {...}, pool_wait: {...} },
@@ -125,11 +126,14 @@ module Serval
         v && Float(v)
       end
 
-      # [run, io] of one request: io excludes pool_wait.
+      # [run, io] of one request (with its shape when measured): io excludes
+      # pool_wait.
       def pair(s)
         pw = s[:pool_wait].to_f
         if @gvl_split && s[:run] && s[:idle]
-          [Float(s[:run]), [Float(s[:idle]) - pw, 0.0].max]
+          pair = [Float(s[:run]), [Float(s[:idle]) - pw, 0.0].max]
+          pair << s[:shape] if s[:shape].is_a?(Array) && s[:shape].size.odd?
+          pair
         elsif s[:cpu] && s[:wall]
           cpu = Float(s[:cpu])
           [cpu, [Float(s[:wall]) - cpu - pw, 0.0].max]

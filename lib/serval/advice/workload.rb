@@ -17,11 +17,18 @@ module Serval
     # Totals come from `pairs` ([[run, io], ...], one per measured request,
     # so a slow query and a long render stay in the same request) or, when
     # only histograms exist, from independent draws of `run` and `io`.
+    #
+    # A pair may carry a third element, the request's measured shape
+    # ([held, idle, ..., held] seconds, from the GVL hook): that request is
+    # then played as it ran - its real number of waits, a 20 us socket write
+    # beside a 6 ms query - rescaled so its held spans sum to run and its
+    # idle spans to io. The even split misses what that changes: a short
+    # wait still gives the GVL away and queues again behind the others.
     class Workload
       attr_reader :io_waits, :split
 
       def initialize(run: nil, io: nil, pairs: nil, io_waits: 1, split: :equal)
-        @pairs = pairs&.map { |r, i| [Float(r), Float(i)] }
+        @pairs = pairs&.map { |r, i, shape| shape ? [Float(r), Float(i), shape_of(shape)] : [Float(r), Float(i)] }
         @run = Distribution.from(run)
         @io = Distribution.from(io)
         raise ArgumentError, "a workload needs pairs or run and io distributions" unless @pairs&.any? || (@run && @io)
@@ -36,7 +43,7 @@ module Serval
       # The same requests with every wait multiplied by factor.
       def scale_io(factor)
         if @pairs
-          Workload.new(pairs: @pairs.map { |r, i| [r, i * factor] }, io_waits: @io_waits, split: @split)
+          Workload.new(pairs: @pairs.map { |r, i, shape| [r, i * factor, shape] }, io_waits: @io_waits, split: @split)
         else
           Workload.new(run: @run, io: ScaledDistribution.new(@io, factor), io_waits: @io_waits, split: @split)
         end
@@ -44,7 +51,7 @@ module Serval
 
       # Mean seconds per request holding the GVL / waiting without it.
       def mean_run = @mean_run ||= @pairs ? @pairs.sum(&:first) / @pairs.size : @run.mean
-      def mean_io = @mean_io ||= @pairs ? @pairs.sum(&:last) / @pairs.size : @io.mean
+      def mean_io = @mean_io ||= @pairs ? @pairs.sum { |p| p[1] } / @pairs.size : @io.mean
 
       # Share of a request's own time (run + io) that holds the GVL.
       def cpu_share
@@ -55,12 +62,44 @@ module Serval
       # n request profiles, reproducible for a given rng.
       def profiles(n, rng)
         Array.new(n) do
-          run, io = totals(rng)
-          segments(run, io, rng)
+          run, io, shape = totals(rng)
+          shape ? reshape(shape, run, io) : segments(run, io, rng)
         end
       end
 
+      # Share of the requests played with their measured shape.
+      def shaped_share
+        @pairs ? @pairs.count { |p| p[2] }.fdiv(@pairs.size) : 0.0
+      end
+
       private
+
+      def shape_of(shape)
+        spans = Array(shape).map { |v| Float(v) }
+        raise ArgumentError, "a shape is [held, idle, ..., held]: an odd number of spans >= 0" if spans.empty? || spans.size.even? || spans.any?(&:negative?)
+
+        spans
+      end
+
+      # The measured spans rescaled to this request's totals.
+      def reshape(shape, run, io)
+        held = 0.0
+        idle = 0.0
+        shape.each_with_index { |v, i| i.even? ? held += v : idle += v }
+        return segments_equal(run, io, shape.size / 2) unless held.positive? && (idle.positive? || io.zero?)
+
+        fh = run / held
+        fi = idle.positive? ? io / idle : 0.0
+        shape.each_with_index.map { |v, i| i.even? ? v * fh : v * fi }
+      end
+
+      def segments_equal(run, io, k)
+        return [run] if k.zero? || !io.positive?
+
+        out = [run / (k + 1)]
+        k.times { out << io / k << run / (k + 1) }
+        out
+      end
 
       def totals(rng)
         return @pairs[rng.rand(@pairs.size)] if @pairs

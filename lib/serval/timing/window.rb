@@ -10,7 +10,7 @@ module Serval
     # Serval::Advice::Window takes (see lib/serval/advice/window.rb):
     #
     #   { requests:, seconds:, max_threads:, gvl_split:, ruby:, io_waits:,
-    #     db_pools:, samples: [{queue:, run:, idle:, stall:, pool_wait:, wall:}],
+    #     db_pools:, samples: [{queue:, run:, idle:, stall:, pool_wait:, wall:, shape:}],
     #     sampled_from:, histograms: {queue: {bounds:, counts:, sum:}, ...} }
     #
     # Reading costs the reader, never a request. Samples are drawn at one
@@ -19,6 +19,10 @@ module Serval
     # 3.1 (gvl_split false) only requests that read the CPU clock (one in
     # 1/timing_sample_rate) are sampled: run is their CPU time, idle wall -
     # CPU - pool_wait; queue, wall and pool_wait histograms count every request.
+    # With the GVL hook a sample also carries its `shape`: the request's
+    # GVL-held and idle spans in order, [held, idle, held, ..., held]
+    # seconds (at most WINDOW_SHAPE_SPANS; later spans fold into the last
+    # two), which the model replays instead of splitting run and idle evenly.
     module Window
       FIGURES = %i[queue run idle stall pool_wait wall cpu].freeze
       CAP = WINDOW_BUCKETS * WINDOW_RESERVOIR # samples at most, one process or many
@@ -37,7 +41,7 @@ module Serval
           b[4].each_with_index { |c, i| counts[i / (bounds.size + 1)][i % (bounds.size + 1)] += c }
           b[5].each_with_index { |s, k| sums[k] += s }
         end
-        pools = { requests: buckets.map { |b| b[7] }, samples: buckets.map { |b| rows(b[6]) } }
+        pools = { requests: buckets.map { |b| b[7] }, samples: buckets.map { |b| rows(b[6], b[8]) } }
         samples, sampled_from = uniform(pools[:samples], pools[:requests], CAP, rng)
         window = { requests: requests, seconds: seconds.round(3), max_threads: max_threads, gvl_split: gvl_split,
                    ruby: RUBY_VERSION, samples: samples.map { |s| sample(s, gvl_split) }, sampled_from: sampled_from,
@@ -88,13 +92,19 @@ module Serval
         [picked, total]
       end
 
-      def rows(flat)
-        flat.each_slice(FIGURES.size).map { |r| FIGURES.zip(r).to_h }
+      def rows(flat, shapes)
+        flat.each_slice(FIGURES.size).each_with_index.map do |r, i|
+          row = FIGURES.zip(r).to_h
+          row[:shape] = shapes[i] if shapes && shapes[i]
+          row
+        end
       end
 
       def sample(row, gvl_split)
         keys = gvl_split ? %i[queue run idle stall pool_wait wall cpu] : %i[queue run idle cpu pool_wait wall]
-        keys.each_with_object({}) { |k, h| h[k] = row[k].round(DIGITS) if row[k] }
+        out = keys.each_with_object({}) { |k, h| h[k] = row[k].round(DIGITS) if row[k] }
+        out[:shape] = row[:shape].map { |v| v.round(DIGITS) } if gvl_split && row[:shape]
+        out
       end
 
       def histograms(bounds, counts, sums)
