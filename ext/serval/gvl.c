@@ -97,6 +97,9 @@ static pid_t hook_pid;
 static _Atomic int gen = 1;
 static _Atomic uint64_t run_total;  /* GVL held, all threads, finished slices */
 static _Atomic uint64_t outside_total; /* of which outside a request's measured span */
+static _Atomic uint64_t released_at;   /* when some thread last gave the GVL up */
+static _Atomic uint64_t handoff_total; /* GVL free while a thread waited for it, summed */
+static _Atomic uint64_t handoffs;      /* grants to a thread that was waiting when it came free */
 
 /* Adds dt of kind 0 (GVL held) or 1 (idle) to the request's shape: even
  * entries are held, odd ones idle; a span of the kind just recorded extends
@@ -192,6 +195,17 @@ static void on_event(rb_event_flag_t ev, const rb_internal_thread_event_data_t *
         return;
     if (s->state != next || s->since != now) {
         uint64_t dt = now - s->since;
+        if (next == SV_GVL_RUN && s->state == SV_GVL_WAIT) {
+            /* waited since s->since; the GVL came free at released_at: if that
+             * was after the wait began, the gap until now is the handoff */
+            uint64_t rel = atomic_load_explicit(&released_at, memory_order_relaxed);
+            if (rel >= s->since && rel <= now) {
+                atomic_fetch_add_explicit(&handoff_total, now - rel, memory_order_relaxed);
+                atomic_fetch_add_explicit(&handoffs, 1, memory_order_relaxed);
+            }
+        } else if (s->state == SV_GVL_RUN) {
+            atomic_store_explicit(&released_at, now, memory_order_relaxed);
+        }
         atomic_fetch_add_explicit(&s->ns[s->state], dt, memory_order_relaxed);
         if (s->state == SV_GVL_RUN) {
             atomic_fetch_add_explicit(&run_total, dt, memory_order_relaxed);
@@ -237,6 +251,9 @@ static VALUE gvl_enable(VALUE mod)
             atomic_store(&slots[i].used, 0);
         atomic_store(&run_total, 0);
         atomic_store(&outside_total, 0);
+        atomic_store(&released_at, 0);
+        atomic_store(&handoff_total, 0);
+        atomic_store(&handoffs, 0);
     }
     hook = rb_internal_thread_add_event_hook(on_event,
         RUBY_INTERNAL_THREAD_EVENT_READY | RUBY_INTERNAL_THREAD_EVENT_RESUMED |
@@ -250,10 +267,13 @@ static VALUE gvl_enabled_p(VALUE mod)
     return hook && hook_pid == getpid() ? Qtrue : Qfalse;
 }
 
-/* [run_ns_total, waiting_threads, outside_ns_total]: GVL held by all threads
- * since enable, how many threads are waiting for it now, and the part of the
- * first held outside a request's measured span (app and library threads,
- * Serval's own between requests). */
+/* [run_ns_total, waiting_threads, outside_ns_total, handoff_ns_total,
+ * handoffs]: GVL held by all threads since enable, how many threads are
+ * waiting for it now, the part of the first held outside a request's
+ * measured span (app and library threads, Serval's own between requests),
+ * and the handoffs: grants to a thread that was already waiting when the
+ * GVL came free, with the time it stayed free before that thread ran (the
+ * waker signals, the kernel schedules the waiter: GVL capacity lost). */
 static VALUE gvl_global(VALUE mod)
 {
     if (!hook)
@@ -274,7 +294,9 @@ static VALUE gvl_global(VALUE mod)
         if (atomic_load_explicit(&s->used, memory_order_relaxed) && s->gen == g && s->state == SV_GVL_WAIT)
             waiting++;
     }
-    return rb_ary_new_from_args(3, ULL2NUM(run), LONG2NUM(waiting), ULL2NUM(outside));
+    return rb_ary_new_from_args(5, ULL2NUM(run), LONG2NUM(waiting), ULL2NUM(outside),
+                                ULL2NUM(atomic_load_explicit(&handoff_total, memory_order_relaxed)),
+                                ULL2NUM(atomic_load_explicit(&handoffs, memory_order_relaxed)));
 }
 
 static VALUE gvl_trace_start(VALUE mod)

@@ -62,6 +62,19 @@ class AdviceSimulationTest < Minitest::Test
     (2..6).each { |t| assert_in_delta (t * 0.014) - 0.020, s.closed(t).stall_mean, 1e-6 }
   end
 
+  # Constant 14 ms CPU + 6 ms sleep at saturation: every grant goes to a
+  # waiting thread, so each request costs the GVL 14 ms + the handoff; one
+  # thread never waits and never pays it.
+  def test_a_handoff_costs_capacity_on_every_contended_grant
+    profiles = Array.new(2000) { [0.007, 0.006, 0.007] }
+    plain = A::Simulation.new(profiles)
+    handed = A::Simulation.new(profiles, handoff: 0.001)
+    assert_in_delta plain.closed(1).rps, handed.closed(1).rps, 1e-9
+    assert_in_delta 1 / 0.014, plain.closed(4).rps, 0.5
+    assert_in_delta 1 / 0.016, handed.closed(4).rps, 0.5, "two contended grants per request"
+    assert_raises(ArgumentError) { A::Simulation.new(profiles, handoff: -0.001) }
+  end
+
   def test_the_time_slice_bounds_one_segments_wait
     # two threads serve requests computing 1 ms around a 60 ms wait; one
     # request in the middle computes for 1 s

@@ -74,7 +74,7 @@ module Serval
           return base.merge(summary: "advice: #{@warnings.first}")
         end
         profiles = workload.profiles(@s[:sim_requests], Random.new(@s[:seed]))
-        sim = Simulation.new(profiles, quantum: @s[:quantum])
+        sim = Simulation.new(profiles, quantum: @s[:quantum], handoff: @window.handoff)
         sweep = Sweep.new(sim, max: [@s[:sweep_max], @window.max_threads || 0].max, fraction: @s[:knee_fraction])
         knee = sweep.knee
         @reasons << format("throughput levels off at %d threads: %.1f req/s, %d %% of the best simulated (%.1f)",
@@ -147,7 +147,7 @@ module Serval
 
         info = { name: pool[:name], size: pool[:size], binds: threads > pool[:size] }
         if info[:binds]
-          over = Simulation.new(profiles, quantum: @s[:quantum], pool: pool[:size]).closed(threads)
+          over = Simulation.new(profiles, quantum: @s[:quantum], pool: pool[:size], handoff: @window.handoff).closed(threads)
           info[:pool_wait_if_unchanged] = over.pool_wait_mean.round(6)
           @warnings << format(
             "the database pool binds: pool %s has %d connections and the knee is %d threads, so %d threads " \

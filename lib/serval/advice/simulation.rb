@@ -18,6 +18,9 @@ module Serval
     #   `pool: P`, each wait needs one of P database connections, held for
     #   the wait (Active Record 7.2+ leases a connection per query); a thread
     #   that finds none free waits for the first to come back (pool_wait).
+    # - `handoff`: seconds the GVL stays free when it passes to a thread that
+    #   was waiting for it (the releaser wakes it, the kernel schedules it),
+    #   as the GVL hook measures them; capacity lost on every contended grant.
     # - `threads` request threads. Closed loop (#closed): as many clients as
     #   threads, no think time - the saturated throughput of that thread
     #   count. Open loop (#open): Poisson arrivals at `rate`; a request waits
@@ -44,7 +47,7 @@ module Serval
 
       ORDERS = %i[fifo random].freeze
 
-      def initialize(profiles, quantum: QUANTUM, pool: nil, order: :fifo, seed: 1)
+      def initialize(profiles, quantum: QUANTUM, pool: nil, order: :fifo, seed: 1, handoff: 0.0)
         raise ArgumentError, "no request profiles" if profiles.empty?
         raise ArgumentError, "quantum must be > 0" unless quantum.positive?
         raise ArgumentError, "pool must be an Integer >= 1" unless pool.nil? || (pool.is_a?(Integer) && pool >= 1)
@@ -56,6 +59,8 @@ module Serval
         @order = order
         @seed = seed
         @pool = pool
+        @handoff = Float(handoff)
+        raise ArgumentError, "handoff must be >= 0" if @handoff.negative?
       end
 
       # Saturated: `threads` clients, each sending its next request as soon
@@ -85,6 +90,7 @@ module Serval
         n = @profiles.size
         inf = Float::INFINITY
         quantum = @quantum
+        handoff = @handoff
         ready = Array.new(threads, inf) # when each thread next asks for the GVL
         prof = Array.new(threads)
         seg = Array.new(threads, 0)
@@ -124,7 +130,7 @@ module Serval
               t = ready[i]
             end
           end
-          start = gvl_free > t ? gvl_free : t
+          start = gvl_free > t ? gvl_free + handoff : t
           stall[i] += start - t
           c = rem[i]
           if c > quantum

@@ -18,6 +18,7 @@ module Serval
     #     gvl_split:   true,        # Ruby >= 3.2: run / idle / stall measured by the GVL hook (or 1 / 0)
     #     ruby:        "3.3.8",     # optional, for messages
     #     io_waits:    1,           # optional: idle periods per request, a mean (default 1)
+    #     gvl_handoff: 2.0e-05,     # optional: seconds the GVL stays free per grant to a waiting thread
     #     processes:   1,           # optional: processes merged into this window (cluster)
     #     db_pools:    [{name: "primary", size: 5, ...}],  # optional, as in Server#stats
     #
@@ -41,7 +42,8 @@ module Serval
     class Window
       FIGURES = %i[run idle stall pool_wait queue wall cpu wait].freeze
 
-      attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms, :processes
+      attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms, :processes,
+                  :handoff
 
       def initialize(hash)
         h = symbolize(hash)
@@ -54,6 +56,8 @@ module Serval
         @ruby = h[:ruby]&.to_s
         @io_waits = Float(h[:io_waits] || 1) # a mean: 1.9 stays 1.9
         @processes = [Integer(h[:processes] || 1), 1].max # a cluster's merged window
+        @handoff = Float(h[:gvl_handoff] || 0.0) # seconds the GVL idles per contended grant
+        raise ArgumentError, "gvl_handoff must be in [0, 0.1) seconds" unless @handoff >= 0 && @handoff < 0.1
         @pools = Array(h[:db_pools]).map { |p| { name: p[:name].to_s, size: Integer(p[:size]) } }
         @samples = samples_of(h)
         @histograms = (h[:histograms] || {}).slice(*FIGURES).compact

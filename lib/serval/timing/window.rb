@@ -9,7 +9,7 @@ module Serval
     # histograms and a reservoir of 512 sampled requests), in the shape
     # Serval::Advice::Window takes (see lib/serval/advice/window.rb):
     #
-    #   { requests:, seconds:, max_threads:, gvl_split:, ruby:, io_waits:,
+    #   { requests:, seconds:, max_threads:, gvl_split:, ruby:, io_waits:, gvl_handoff:, gvl_handoffs:,
     #     db_pools:, samples: [{queue:, run:, idle:, stall:, pool_wait:, wall:, shape:}],
     #     sampled_from:, histograms: {queue: {bounds:, counts:, sum:}, ...} }
     #
@@ -47,6 +47,7 @@ module Serval
                    ruby: RUBY_VERSION, samples: samples.map { |s| sample(s, gvl_split) }, sampled_from: sampled_from,
                    histograms: histograms(bounds, counts, sums) }
         window[:io_waits] = (buckets.sum { |b| b[3] }.to_f / split).round(3) if split.positive?
+        handoff(window) if gvl_split
         window[:db_pools] = db_pools if db_pools
         window
       end
@@ -71,9 +72,26 @@ module Serval
           weight = waits.sum { |w| w[:requests].to_i }
           merged[:io_waits] = (waits.sum { |w| w[:io_waits] * w[:requests].to_i }.to_f / [weight, 1].max).round(3)
         end
+        handed = windows.select { |w| w[:gvl_handoff] && w[:gvl_handoffs].to_i.positive? }
+        if handed.any?
+          n = handed.sum { |w| w[:gvl_handoffs].to_i }
+          merged[:gvl_handoff] = (handed.sum { |w| w[:gvl_handoff] * w[:gvl_handoffs].to_i } / n).round(9)
+          merged[:gvl_handoffs] = n
+        end
         pools = windows.flat_map { |w| w[:db_pools] || [] }
         merged[:db_pools] = pools.uniq { |p| p[:name] } if pools.any?
         merged
+      end
+
+      # The mean time the GVL stayed free when it passed to a waiting thread
+      # (Native::GVL.global, since the hook started: handoffs are many and
+      # their cost is the machine's, not the last minute's).
+      def handoff(window)
+        g = Native::GVL.global
+        return unless g && g[4].to_i.positive?
+
+        window[:gvl_handoff] = (g[3] / g[4] / 1e9).round(9)
+        window[:gvl_handoffs] = g[4]
       end
 
       # Groups of samples, each drawn from `from[i]` requests: the same share
