@@ -23,7 +23,10 @@ module Bench
   # Latencies and `completed` are those of 200 responses. A 503 (a server
   # shedding load) is not an error: it is counted in `shed`, with its own
   # shed_p50_ms, shed_p99_ms and shed_max_ms, and the connection is opened
-  # anew after it when the server closes it.
+  # anew after it when the server closes it. goodput_rps: 200s a second over
+  # the span from the end of the warm-up to the last counted answer (a server
+  # that falls behind answers the schedule's tail after `duration`, and
+  # achieved_rps, counted over `duration`, would overstate it).
   class OpenLoop
     def initialize(host:, port:, path:, rate:, duration:, warmup: 2.0, connections: 64, seed: 1, timeout: 30.0)
       raise ArgumentError, "rate must be > 0" unless rate.positive?
@@ -56,7 +59,9 @@ module Bench
       shed = []
       errors = 0
       late = 0
+      last = start + @warmup
       results.each do |r|
+        last = r[:last] if r[:last] > last
         lat.concat(r[:latencies])
         shed.concat(r[:shed])
         errors += r[:errors]
@@ -68,7 +73,9 @@ module Bench
       { rate: @rate, duration: @duration, connections: @connections, sent: @schedule.size, counted: counted,
         completed: lat.size, errors: errors, late: late, achieved_rps: (lat.size / @duration).round(2),
         p50_ms: ms(q(lat, 0.5)), p90_ms: ms(q(lat, 0.9)), p99_ms: ms(q(lat, 0.99)), max_ms: ms(lat.last),
-        shed: shed.size, shed_p50_ms: ms(q(shed, 0.5)), shed_p99_ms: ms(q(shed, 0.99)), shed_max_ms: ms(shed.last) }
+        shed: shed.size, shed_p50_ms: ms(q(shed, 0.5)), shed_p99_ms: ms(q(shed, 0.99)), shed_max_ms: ms(shed.last),
+        elapsed: (last - start - @warmup).round(3),
+        goodput_rps: (lat.size / [last - start - @warmup, @duration].max).round(2) }
     end
 
     private
@@ -84,7 +91,7 @@ module Bench
     end
 
     def worker(start)
-      out = { latencies: [], shed: [], errors: 0, late: 0 }
+      out = { latencies: [], shed: [], errors: 0, late: 0, last: 0.0 }
       sock = nil
       while (at = take)
         due = start + at
@@ -103,6 +110,7 @@ module Bench
         end
         next if at < @warmup
 
+        out[:last] = now
         case status
         when 200 then out[:latencies] << (now - due)
         when 503 then out[:shed] << (now - due)

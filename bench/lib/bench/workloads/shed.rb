@@ -82,18 +82,18 @@ module Bench
           raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
 
           m = JSON.parse(out.lines.last)
-          m["goodput"] = m["achieved_rps"] / capacity
+          m["goodput"] = m["goodput_rps"] / capacity
           m["command"] = argv.join(" ").gsub(/127\.0\.0\.1:\d+/, "127.0.0.1:PORT")
           m["server_command"] = proc.command.join(" ").gsub(/127\.0\.0\.1:\d+/, "127.0.0.1:PORT")
           ctx.log format("shed: %-3s %.0f req/s offered: 200s %d (%.1f/s, %.0f %% of capacity) p99 %s, 503s %d p99 %s, errors %d",
-                         mode, rate, m["completed"], m["achieved_rps"], m["goodput"] * 100, fmt_ms(m["p99_ms"]),
+                         mode, rate, m["completed"], m["goodput_rps"], m["goodput"] * 100, fmt_ms(m["p99_ms"]),
                          m["shed"], fmt_ms(m["shed_p99_ms"]), m["errors"])
           m
         end
       end
 
       def summarize(mode, list)
-        keys = %w[p50_ms p99_ms max_ms shed_p50_ms shed_p99_ms achieved_rps goodput]
+        keys = %w[p50_ms p99_ms max_ms shed_p50_ms shed_p99_ms goodput_rps goodput elapsed]
         out = keys.to_h { |k| [k, median(list.map { |m| m[k] })] }
         out.merge("mode" => mode, "rounds" => list.map { |m| m.slice(*keys, "completed", "shed", "errors", "late", "rate") },
                   "command" => list.first["command"], "server_command" => list.first["server_command"],
@@ -120,7 +120,7 @@ module Bench
                  "503s", "503 p99", "rounds (accepted p99 / 503 p99 / goodput)"]]
         %w[off on].each do |mode|
           m = s.dig("modes", mode) or next
-          rows << [mode == "on" ? "#{budget} s" : "off", fmt_rps(m["rounds"].first["rate"]), fmt_rps(m["achieved_rps"]),
+          rows << [mode == "on" ? "#{budget} s" : "off", fmt_rps(m["rounds"].first["rate"]), fmt_rps(m["goodput_rps"]),
                    format("%.0f %%", m["goodput"].to_f * 100), fmt_ms(m["p50_ms"]), fmt_ms(m["p99_ms"]),
                    m["rounds"].sum { |r| r["shed"].to_i }.to_s, fmt_ms(m["shed_p99_ms"]),
                    m["rounds"].map { |r| "#{fmt_ms(r['p99_ms'])} / #{fmt_ms(r['shed_p99_ms'])} / #{(r['goodput'].to_f * 100).round} %" }.join(", ")]
