@@ -106,6 +106,7 @@ static const sv_opt_spec opt_specs[] = {
     {"output_buffer", 4194304, 4096, 1 << 30},
     {"max_keepalive_requests", 1000, 1, 2147483647.0},
     {"min_body_rate", 500, 0, 1e12},
+    {"max_queue_time", 0, 0, 60}, /* seconds; 0: no load shedding (shed.h) */
 };
 #define SV_OPT_SPECS (sizeof(opt_specs) / sizeof(opt_specs[0]))
 
@@ -133,7 +134,7 @@ static VALUE option_table(void)
     for (size_t i = 0; i < SV_OPT_SPECS; i++) {
         const sv_opt_spec *o = &opt_specs[i];
         int integral = o->min == (double)(long long)o->min && o->def == (double)(long long)o->def &&
-                       strstr(o->name, "timeout") == NULL && strstr(o->name, "rate") == NULL;
+                       strstr(o->name, "time") == NULL && strstr(o->name, "rate") == NULL;
         VALUE triple = integral ? rb_ary_new_from_args(3, LL2NUM((long long)o->def), LL2NUM((long long)o->min),
                                                       LL2NUM((long long)o->max))
                                 : rb_ary_new_from_args(3, DBL2NUM(o->def), DBL2NUM(o->min), DBL2NUM(o->max));
@@ -169,6 +170,7 @@ static void read_options(sv_options *o, VALUE opts)
     o->output_buffer = (size_t)opt_num(opts, "output_buffer");
     o->max_keepalive_requests = (unsigned)opt_num(opts, "max_keepalive_requests");
     o->min_body_rate = opt_num(opts, "min_body_rate");
+    o->max_queue_time = opt_num(opts, "max_queue_time");
     o->balance = RTEST(rb_hash_lookup(opts, ID2SYM(rb_intern("balance"))));
     VALUE tmp = rb_hash_lookup2(opts, ID2SYM(rb_intern("tmpdir")), Qnil);
     const char *dir = NIL_P(tmp) ? "/tmp" : StringValueCStr(tmp);
@@ -195,6 +197,7 @@ static VALUE core_initialize(int argc, VALUE *argv, VALUE self)
     atomic_store(&box->refs, 1);
     box->pid = getpid();
     read_options(&box->core.opt, opts);
+    sv_shed_init(&box->core.shed, box->core.opt.max_queue_time, sv_now());
     if (sv_core_init(&box->core) != 0) {
         int e = errno;
         sv_core_destroy(&box->core);
@@ -267,6 +270,8 @@ static sv_conn *pop_locked(sv_core *core)
             core->q_tail = NULL;
         c->next = NULL;
         core->queued--;
+        if (core->opt.max_queue_time > 0) /* load shedding measures the queue (shed.h) */
+            sv_shed_taken(&core->shed, sv_now(), c->queued_at, c->q_ahead);
     }
     return c;
 }
@@ -376,6 +381,8 @@ static VALUE core_stats(VALUE self)
     pthread_mutex_lock(&core->mu);
     long queued = (long)core->queued, waiting = core->waiting;
     int draining = core->draining, stopping = core->stopping;
+    double estimate = sv_shed_predict(&core->shed, sv_now(), queued >= waiting ? queued - waiting : -1,
+                                      core->q_head ? core->q_head->queued_at : -1);
     pthread_mutex_unlock(&core->mu);
     VALUE h = rb_hash_new();
     rb_hash_aset(h, ID2SYM(rb_intern("connections")), LONG2NUM(atomic_load(&core->open)));
@@ -385,6 +392,9 @@ static VALUE core_stats(VALUE self)
     rb_hash_aset(h, ID2SYM(rb_intern("evicted")), ULONG2NUM(atomic_load(&core->evicted)));
     rb_hash_aset(h, ID2SYM(rb_intern("requests")), ULONG2NUM(atomic_load(&core->requests)));
     rb_hash_aset(h, ID2SYM(rb_intern("errors")), ULONG2NUM(atomic_load(&core->errors)));
+    rb_hash_aset(h, ID2SYM(rb_intern("shed")), ULONG2NUM(atomic_load(&core->shed_total)));
+    if (core->opt.max_queue_time > 0) /* the wait predicted for a request arriving now */
+        rb_hash_aset(h, ID2SYM(rb_intern("queue_wait_estimate")), DBL2NUM(estimate));
     rb_hash_aset(h, ID2SYM(rb_intern("draining")), draining ? Qtrue : Qfalse);
     rb_hash_aset(h, ID2SYM(rb_intern("stopping")), stopping ? Qtrue : Qfalse);
     return h;

@@ -325,8 +325,9 @@ static void error_response(sv_conn *c, int status, const char *msg)
     int blen = (int)strlen(msg) + 1;
     int n = snprintf(head, sizeof(head),
                      "HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                     "content-length: %d\r\nconnection: close\r\ndate: %s\r\n\r\n%s\n",
-                     status, status_reason(status), blen, date, msg);
+                     "content-length: %d\r\n%sconnection: close\r\ndate: %s\r\n\r\n%s\n",
+                     status, status_reason(status), blen,
+                     status == 503 ? "retry-after: " SV_SHED_RETRY_AFTER "\r\n" : "", date, msg);
     set_partial(c, 0);
     atomic_fetch_add(&core->errors, 1);
     c->out.len = c->out.off = 0;
@@ -345,6 +346,26 @@ static void error_response(sv_conn *c, int status, const char *msg)
 
 /* ---- requests ----------------------------------------------------------- */
 
+/* Load shedding (shed.h): a request that would wait in the ready queue
+ * longer than max_queue_time is answered 503 here, before any Ruby thread
+ * sees it; one that joins carries its place for Core#next's measurement.
+ * Returns 1 when the request was answered. */
+static int shed(sv_conn *c)
+{
+    sv_core *core = c->core;
+    double now = sv_now();
+    pthread_mutex_lock(&core->mu);
+    long ahead = (long)core->queued - (long)core->waiting;
+    c->q_ahead = ahead < 0 ? -1 : ahead;
+    int admit = sv_shed_admit(&core->shed, now, c->q_ahead, core->q_head ? core->q_head->queued_at : -1);
+    pthread_mutex_unlock(&core->mu);
+    if (admit)
+        return 0;
+    atomic_fetch_add(&core->shed_total, 1);
+    error_response(c, 503, "queue wait over max_queue_time");
+    return 1;
+}
+
 /* The request joins the ready queue. Its connection stops counting as partial
  * in the same critical section, after it is queued: a draining core's waiting
  * threads leave once nothing is partial and the queue is empty, so the two
@@ -352,6 +373,8 @@ static void error_response(sv_conn *c, int status, const char *msg)
 static void dispatch(sv_conn *c)
 {
     sv_core *core = c->core;
+    if (core->opt.max_queue_time > 0 && shed(c))
+        return;
     int was_partial = c->partial;
     c->partial = 0;
     c->state = SV_ST_APP;

@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include "parser.h"
+#include "shed.h"
 
 #define SV_MAX_LISTENERS 16
 #define SV_READ_MIN 4096             /* first read buffer size */
@@ -109,6 +110,7 @@ typedef struct sv_conn {
     double deadline;             /* monotonic seconds */
     double since;                /* monotonic: when waiting for the current request began */
     double queued_at;
+    long q_ahead;                /* shed.h: requests ahead no idle thread would take, or -1 */
 
     /* response side */
     sv_buf out;
@@ -138,6 +140,7 @@ typedef struct {
     unsigned max_keepalive_requests;
     double min_body_rate;        /* bytes/s a body must average after read_timeout; 0: off */
     int balance;                 /* cluster worker: accept only while a Ruby thread is free */
+    double max_queue_time;       /* load shedding budget in seconds (shed.h); 0: off */
     char tmpdir[1024];
 } sv_options;
 
@@ -166,6 +169,7 @@ struct sv_core {
     sv_conn *q_head, *q_tail;    /* ready queue */
     size_t queued;
     int waiting;                 /* Ruby threads blocked in Core#next */
+    sv_shed shed;                /* load shedding (opt.max_queue_time > 0) */
     _Atomic int balance_paused;  /* balance: listeners out of epoll until a thread waits */
     sv_conn *returned;           /* conns handed back to the loop for parsing */
     sv_conn *dead;               /* conns closed by Ruby threads, to free */
@@ -179,6 +183,7 @@ struct sv_core {
     _Atomic unsigned long evicted;   /* connections closed to make room at max_connections */
     _Atomic unsigned long requests;
     _Atomic unsigned long errors;
+    _Atomic unsigned long shed_total; /* requests answered 503 by load shedding */
     _Atomic long open;           /* open connections */
 
     sv_errlog errlog;            /* error responses, for lib/serval/error_log.rb */

@@ -22,6 +22,7 @@ module Serval
       "--max-connections" => [:max_connections, "N", "Open connections before accept pauses"],
       "--max-keepalive-requests" => [:max_keepalive_requests, "N", "Requests per keep-alive connection"],
       "--min-body-rate" => [:min_body_rate, "BYTES_PER_SEC", "Slowest average upload after read_timeout (0: off)"],
+      "--max-queue-time" => [:max_queue_time, "SEC", "Answer 503 when a request would wait longer for a thread (0: off)"],
       "--output-buffer" => [:output_buffer, "BYTES", "Response bytes buffered per connection"],
       "--first-data-timeout" => [:first_data_timeout, "SEC", "Wait for a new connection's first byte"],
       "--read-timeout" => [:read_timeout, "SEC", "Wait between bytes of a request"],

@@ -48,6 +48,7 @@ module Serval
       output_buffer: CORE[:output_buffer][0],
       max_keepalive_requests: CORE[:max_keepalive_requests][0],
       min_body_rate: CORE[:min_body_rate][0],
+      max_queue_time: CORE[:max_queue_time][0], # load shedding off (docs/tuning.md "Load shedding")
       tmpdir: Dir.tmpdir.dup.freeze,
       drain_timeout: 30.0,
       thread_idle_timeout: 30.0,
@@ -111,6 +112,7 @@ module Serval
       output_buffer: [:int, *CORE[:output_buffer][1, 2]],
       max_keepalive_requests: [:int, *CORE[:max_keepalive_requests][1, 2]],
       min_body_rate: [:seconds, *CORE[:min_body_rate][1, 2]], # a plain number: bytes per second
+      max_queue_time: [:seconds, *CORE[:max_queue_time][1, 2]],
       tmpdir: [:directory],
       drain_timeout: [:seconds, 0.0, DAY],
       thread_idle_timeout: [:seconds, 0.001, DAY],

@@ -25,6 +25,8 @@ module Serval
       accepted: ["serval_connections_accepted_total", :counter, "Connections accepted"],
       evicted: ["serval_connections_evicted_total", :counter, "Slowest connections closed to make room at max_connections"],
       rejected: ["serval_requests_rejected_total", :counter, "Requests answered with an error by the I/O core (4xx/5xx before the app)"],
+      requests_shed: ["serval_requests_shed_total", :counter, "Requests answered 503 by load shedding (max_queue_time), also counted as rejected"],
+      queue_wait_estimate: ["serval_queue_wait_estimate_seconds", :gauge, "Predicted wait for a thread of a request arriving now (with max_queue_time set)"],
       workers: ["serval_workers", :gauge, "Configured workers"],
       booted_workers: ["serval_booted_workers", :gauge, "Workers booted and serving"],
       old_workers: ["serval_old_workers", :gauge, "Workers of an older phase still running"],

@@ -20,6 +20,13 @@ module Bench
   #        --duration 20 [--warmup 2] [--connections 64] [--seed 1]
   # prints one JSON object: rate, sent, completed, errors, late (sent more
   # than 10 ms after their time), p50_ms, p90_ms, p99_ms, max_ms, achieved_rps.
+  # Latencies and `completed` are those of 200 responses. A 503 (a server
+  # shedding load) is not an error: it is counted in `shed`, with its own
+  # shed_p50_ms, shed_p99_ms and shed_max_ms, and the connection is opened
+  # anew after it when the server closes it. goodput_rps: 200s a second over
+  # the span from the end of the warm-up to the last counted answer (a server
+  # that falls behind answers the schedule's tail after `duration`, and
+  # achieved_rps, counted over `duration`, would overstate it).
   class OpenLoop
     def initialize(host:, port:, path:, rate:, duration:, warmup: 2.0, connections: 64, seed: 1, timeout: 30.0)
       raise ArgumentError, "rate must be > 0" unless rate.positive?
@@ -49,18 +56,26 @@ module Bench
       start = now + 0.2
       results = Array.new(@connections) { Thread.new { worker(start) } }.map(&:value)
       lat = []
+      shed = []
       errors = 0
       late = 0
+      last = start + @warmup
       results.each do |r|
+        last = r[:last] if r[:last] > last
         lat.concat(r[:latencies])
+        shed.concat(r[:shed])
         errors += r[:errors]
         late += r[:late]
       end
       lat.sort!
+      shed.sort!
       counted = @schedule.count { |s| s >= @warmup }
       { rate: @rate, duration: @duration, connections: @connections, sent: @schedule.size, counted: counted,
         completed: lat.size, errors: errors, late: late, achieved_rps: (lat.size / @duration).round(2),
-        p50_ms: ms(q(lat, 0.5)), p90_ms: ms(q(lat, 0.9)), p99_ms: ms(q(lat, 0.99)), max_ms: ms(lat.last) }
+        p50_ms: ms(q(lat, 0.5)), p90_ms: ms(q(lat, 0.9)), p99_ms: ms(q(lat, 0.99)), max_ms: ms(lat.last),
+        shed: shed.size, shed_p50_ms: ms(q(shed, 0.5)), shed_p99_ms: ms(q(shed, 0.99)), shed_max_ms: ms(shed.last),
+        elapsed: (last - start - @warmup).round(3),
+        goodput_rps: (lat.size / [last - start - @warmup, @duration].max).round(2) }
     end
 
     private
@@ -76,7 +91,7 @@ module Bench
     end
 
     def worker(start)
-      out = { latencies: [], errors: 0, late: 0 }
+      out = { latencies: [], shed: [], errors: 0, late: 0, last: 0.0 }
       sock = nil
       while (at = take)
         due = start + at
@@ -85,34 +100,45 @@ module Bench
         out[:late] += 1 if now - due > 0.010 && at >= @warmup
         begin
           sock ||= TCPSocket.new(@host, @port).tap { |s| s.setsockopt(Socket::IPPROTO_TCP, Socket::TCP_NODELAY, 1) }
-          ok = request(sock)
+          status, close = request(sock)
         rescue IOError, SystemCallError
-          ok = false
+          status = nil
         end
-        unless ok
+        if close || status != 200
           sock&.close
           sock = nil
-          out[:errors] += 1 if at >= @warmup
-          next
         end
-        out[:latencies] << (now - due) if at >= @warmup
+        next if at < @warmup
+
+        out[:last] = now
+        case status
+        when 200 then out[:latencies] << (now - due)
+        when 503 then out[:shed] << (now - due)
+        else out[:errors] += 1
+        end
       end
       out
     ensure
       sock&.close
     end
 
-    # One GET on a keep-alive connection; true for a complete 200 response.
+    # One GET on a keep-alive connection. Returns [status, close]: the status
+    # code of a complete response (nil for none) and whether the server
+    # closes the connection after it.
     def request(sock)
       sock.write("GET #{@path} HTTP/1.1\r\nHost: #{@host}:#{@port}\r\n\r\n")
-      status = read_line(sock) or return false
+      status = read_line(sock) or return [nil, true]
       length = nil
+      close = false
       while (line = read_line(sock)) && !line.empty?
-        length = Integer(line.split(":", 2)[1]) if line.downcase.start_with?("content-length:")
+        name, value = line.split(":", 2)
+        name = name.downcase
+        length = Integer(value) if name == "content-length"
+        close = true if name == "connection" && value.strip.casecmp?("close")
       end
-      return false unless line && length
+      return [nil, true] unless line && length && sock.read(length)&.bytesize == length
 
-      sock.read(length)&.bytesize == length && status.start_with?("HTTP/1.1 200")
+      [status[%r{\AHTTP/1\.[01] (\d{3})}, 1]&.to_i, close]
     end
 
     def read_line(sock)
