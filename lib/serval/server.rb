@@ -4,6 +4,7 @@ require "socket"
 require "serval/version"
 require "serval/errors"
 require "serval/native_ext"
+require "serval/fairness"
 require "serval/thread_pool"
 require "serval/request_handler"
 require "serval/error_responder"
@@ -47,6 +48,7 @@ module Serval
       @handler.timing&.enable # the GVL hook, once per process (again after fork)
       @core.start
       @error_log.start
+      start_fairness
       @thread_pool.start
       @state = :running
       self
@@ -102,6 +104,7 @@ module Serval
         requests_count: s[:requests], connections: s[:connections], accepted: s[:accepted], evicted: s[:evicted],
         rejected: s[:errors] }.tap do |h|
         h[:timing] = @handler.timing.stats if @handler.timing
+        h[:fair_preemptions] = Fairness.preemptions if @fairness == :preempt
         pools = db_pools
         h[:db_pools] = pools if pools
       end
@@ -136,7 +139,16 @@ module Serval
       nil
     end
 
+    # The process's GVL slice for request threads (docs/tuning.md), before the
+    # threads start: each applies it as it starts. A server whose
+    # fair_timeslice is nil (the control app's) leaves it to the serving one.
+    def start_fairness
+      ms = @options.fetch(:fair_timeslice, 0)
+      @fairness = !ms.nil? && Fairness.start(ms)
+    end
+
     def mark_stopped
+      Fairness.stop if @fairness
       @mutex.synchronize do
         @state = :stopped
         @stopped.broadcast
