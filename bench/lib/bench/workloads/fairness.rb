@@ -71,29 +71,36 @@ module Bench
             ctx.log "#{name}: round #{round + 1}/#{rounds} --fair-timeslice #{setting}"
             variant = Variant.new(serval, "serval #{setting}", flags(setting))
             with_server(variant, "mixed.ru", threads: THREADS) do |process|
-              figures, cmds = measure(process.port)
+              figures, cmds = measure(process.port, process.pid)
               commands[setting] ||= cmds.merge("server" => process.command.join(" "))
               per[setting] << figures
-              ctx.log format("  I/O alone %<a>.1f, mixed: I/O %<i>.1f + CPU %<c>.1f req/s; app %<p>.1f req/s",
-                             a: figures["io_alone"], i: figures["io_mixed"], c: figures["cpu_mixed"], p: figures["app"])
+              ctx.log format("  I/O alone %<a>.1f, mixed: I/O %<i>.1f + CPU %<c>.1f req/s (server CPU %<s>.0f %%); " \
+                             "app %<p>.1f req/s", a: figures["io_alone"], i: figures["io_mixed"], c: figures["cpu_mixed"],
+                                                  s: figures["server_cpu"].to_f * 100, p: figures["app"])
             end
           end
         end
         summarize(per, commands, serval)
       end
 
-      def measure(port)
+      # share: the CPU the server got during the mixed run (1.0 = all of its
+      # pinned CPU; less means other processes took some of it).
+      def measure(port, pid)
         base = "http://127.0.0.1:#{port}"
         opts = { duration: duration, connections: 1, timeout: duration + 5, lenient: true }
         alone = Wrk.run(ctx, base + IO_PATH, **opts)
+        cpu0 = Util.cpu_seconds(pid)
+        t0 = Util.now
         cpu = Thread.new { Wrk.run(ctx, base + CPU_PATH, **opts) }
         sleep 0.2 # the CPU-bound client is running before the I/O one starts
         io = Wrk.run(ctx, base + IO_PATH, **opts.merge(duration: duration > 2 ? duration - 1 : duration)) # inside the CPU run
         cpu = cpu.value
+        cpu1 = Util.cpu_seconds(pid)
+        share = cpu0 && cpu1 ? (cpu1 - cpu0) / (Util.now - t0) : nil
         app = Wrk.run(ctx, base + APP_PATH, duration: duration, connections: 8)
         [{ "io_alone" => alone["rps"], "io_mixed" => io["rps"], "io_mixed_p99_ms" => io["p99_ms"],
            "cpu_mixed" => cpu["rps"], "mixed_total" => io["rps"] + cpu["rps"], "app" => app["rps"],
-           "io_keeps" => alone["rps"].positive? ? io["rps"] / alone["rps"] : nil },
+           "server_cpu" => share, "io_keeps" => alone["rps"].positive? ? io["rps"] / alone["rps"] : nil },
          { "io" => alone["command"], "cpu" => cpu["command"], "app" => app["command"] }]
       end
 
@@ -110,7 +117,7 @@ module Bench
         base = per["off"]
         results = {}
         per.each do |setting, list|
-          r = %w[io_alone io_mixed io_mixed_p99_ms cpu_mixed mixed_total app io_keeps].to_h { |k| [k, median(list.map { |f| f[k] })] }
+          r = %w[io_alone io_mixed io_mixed_p99_ms cpu_mixed mixed_total app io_keeps server_cpu].to_h { |k| [k, median(list.map { |f| f[k] })] }
           if base
             %w[mixed_total cpu_mixed io_mixed app].each do |k|
               r["#{k}_vs_off"] = median(list.zip(base).map { |f, b| b[k].to_f.positive? ? f[k] / b[k] : nil })
@@ -133,12 +140,13 @@ module Bench
 
       def table(result)
         rows = [["--fair-timeslice", "I/O alone req/s", "mixed: I/O req/s", "I/O keeps", "I/O p99", "mixed: CPU req/s",
-                 "mixed total req/s", "total vs off", "CPU vs off", "app req/s (-c8)", "app vs off"]]
+                 "mixed total req/s", "total vs off", "CPU vs off", "server CPU (mixed)", "app req/s (-c8)", "app vs off"]]
         result["settings"].each do |setting, r|
           rows << [setting == "off" ? "off (before)" : "#{setting} ms", fmt_rps(r["io_alone"]), fmt_rps(r["io_mixed"]),
                    r["io_keeps"] ? format("%.0f %%", r["io_keeps"] * 100) : "-", fmt_ms(r["io_mixed_p99_ms"]),
                    fmt_rps(r["cpu_mixed"]), fmt_rps(r["mixed_total"]), ratio_s(r["mixed_total_vs_off"]),
-                   ratio_s(r["cpu_mixed_vs_off"]), fmt_rps(r["app"]), ratio_s(r["app_vs_off"])]
+                   ratio_s(r["cpu_mixed_vs_off"]), r["server_cpu"] ? format("%.0f %%", r["server_cpu"] * 100) : "-",
+                   fmt_rps(r["app"]), ratio_s(r["app_vs_off"])]
         end
         [rows, ["figures: #{result['pick']}; ratios: median over rounds of each round's figure / off's",
                 "target (issue 10): I/O keeps >= 50 % beside a CPU-bound request, total vs off >= 0.97"]]
