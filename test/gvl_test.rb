@@ -67,7 +67,8 @@ class GVLTest < Minitest::Test
   end
 
   # Both requests enter the app together (a two-party barrier), so one busy
-  # loop waits for the other's GVL.
+  # loop waits for the other's GVL. With Ruby's own 100 ms slice (fairness
+  # off): the 50 ms wall-clock loops would otherwise share the GVL in 5 ms turns.
   def test_two_threads_stall_and_the_split_adds_up
     seen = Queue.new
     arrived = Queue.new
@@ -76,7 +77,8 @@ class GVLTest < Minitest::Test
       arrived << 1
       go.pop
     end
-    with_server(work_app(seen, gate), lint: false, min_threads: 2, max_threads: 2, timing_sample_rate: 1.0) do |_server, port|
+    with_server(work_app(seen, gate), lint: false, min_threads: 2, max_threads: 2, timing_sample_rate: 1.0,
+                                            fair_timeslice: 0.0) do |_server, port|
       clients = Array.new(2) { Thread.new { get(port).status } }
       2.times { arrived.pop }
       2.times { go << 1 }

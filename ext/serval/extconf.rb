@@ -21,6 +21,8 @@ if have_header("ruby/thread.h")
   have_func("rb_internal_thread_add_event_hook", "ruby/thread.h")
   have_func("rb_internal_thread_specific_get", "ruby/thread.h")
 end
+# Fairness (fairness.c): a postponed job triggered from a native thread, 3.3+.
+have_func("rb_postponed_job_trigger", "ruby/debug.h") if have_header("ruby/debug.h")
 
 $CFLAGS << " -std=gnu11 -O2 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers"
 # Warnings are errors where the code is developed and tested (`rake compile`

@@ -4,6 +4,7 @@
 VALUE sv_eConnectionError, sv_eWriteTimeout, sv_eBadResponse;
 
 void sv_init_gvl(VALUE mNative); /* gvl.c */
+void sv_init_fairness(VALUE mNative); /* fairness.c */
 
 void Init_serval_ext(void)
 {
@@ -21,6 +22,7 @@ void Init_serval_ext(void)
     sv_init_request(mNative);
     sv_init_tls(mNative);
     sv_init_gvl(mNative);
+    sv_init_fairness(mNative);
     sv_init_timing(mServal);
     rb_define_const(mNative, "HEADERS_CAP", INT2NUM(SV_HEADERS_CAP));
 }

@@ -3,6 +3,7 @@
 require "tmpdir"
 require "serval/errors"
 require "serval/native_ext"
+require "serval/fairness"
 
 module Serval
   # Builds the frozen options hash the Server receives, from these layers:
@@ -71,7 +72,8 @@ module Serval
       stdout_sync: true,
       sources: {}.freeze,
       error_log_limit: 10,
-      advice_log_interval: 60.0 # seconds between advice checks (docs/tuning.md); 0: off
+      advice_log_interval: 60.0, # seconds between advice checks (docs/tuning.md); 0: off
+      fair_timeslice: 5.0 # ms a computing request thread keeps the GVL from a waiting one (docs/tuning.md); 0: off
     }.freeze
 
     # Cluster hooks => how many arguments their blocks receive.
@@ -132,7 +134,8 @@ module Serval
       stdout_sync: [:bool],
       sources: [:sources],
       error_log_limit: [:int, 0, 1_000_000],
-      advice_log_interval: [:seconds, 0.0, DAY] # 0, or at least ADVICE_LOG_MIN (check_relations)
+      advice_log_interval: [:seconds, 0.0, DAY], # 0, or at least ADVICE_LOG_MIN (check_relations)
+      fair_timeslice: [:timeslice, 1.0, 100.0] # milliseconds, or 0/false (off)
     }.freeze
 
     # The shortest advice_log_interval: each check costs ~0.2 s of Ruby CPU.
@@ -233,6 +236,7 @@ module Serval
       when :bind_or_nil then value.nil? ? nil : plain_bind(name, value)
       when :plugins then plugins(name, value)
       when :sources then sources(name, value)
+      when :timeslice then Fairness.coerce(name, value, min, max, DEFAULTS[key])
       end
     end
 

@@ -21,7 +21,8 @@ module Serval
     # the application's requests only, and are not reset when these start).
     SERVER_OPTIONS = { min_threads: 1, max_threads: 1, max_connections: 16, max_body: 0,
                        log_requests: false, early_hints: false, lowlevel_error_handler: nil, timing: false,
-                       read_timeout: 10.0, first_data_timeout: 10.0, persistent_timeout: 5.0 }.freeze
+                       read_timeout: 10.0, first_data_timeout: 10.0, persistent_timeout: 5.0,
+                       fair_timeslice: nil }.freeze # nil: the serving Server sets the process's slice
     STOP_GRACE = 1.0
     BOOT_WAIT = 86_400
 

@@ -182,6 +182,12 @@ module Serval
       set(:advice_log_interval, seconds)
     end
 
+    # Milliseconds a request thread that computes may keep the GVL from a
+    # waiting thread (docs/tuning.md "Fairness"); false or 0 turns it off.
+    def fair_timeslice(ms = true)
+      set(:fair_timeslice, ms)
+    end
+
     def lowlevel_error_handler(handler = nil, &block)
       handler ||= block
       raise ConfigError, "lowlevel_error_handler: give a block or a callable" unless handler

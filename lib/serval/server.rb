@@ -4,6 +4,7 @@ require "socket"
 require "serval/version"
 require "serval/errors"
 require "serval/native_ext"
+require "serval/fairness"
 require "serval/thread_pool"
 require "serval/request_handler"
 require "serval/error_responder"
@@ -48,6 +49,7 @@ module Serval
       @handler.timing&.enable # the GVL hook, once per process (again after fork)
       @core.start
       @error_log.start
+      start_fairness
       @thread_pool.start
       @state = :running
       self
@@ -104,6 +106,7 @@ module Serval
         rejected: s[:errors], requests_shed: s[:shed] }.tap do |h|
         h[:queue_wait_estimate] = s[:queue_wait_estimate] if s.key?(:queue_wait_estimate)
         h[:timing] = @handler.timing.stats if @handler.timing
+        h[:fair_preemptions] = Fairness.preemptions if @fairness == :preempt
         pools = db_pools
         h[:db_pools] = pools if pools
       end
@@ -138,7 +141,16 @@ module Serval
       nil
     end
 
+    # The process's GVL slice for request threads (docs/tuning.md), before the
+    # threads start: each applies it as it starts. A server whose
+    # fair_timeslice is nil (the control app's) leaves it to the serving one.
+    def start_fairness
+      ms = @options.fetch(:fair_timeslice, 0)
+      @fairness = !ms.nil? && Fairness.start(ms)
+    end
+
     def mark_stopped
+      Fairness.stop if @fairness
       @mutex.synchronize do
         @state = :stopped
         @stopped.broadcast

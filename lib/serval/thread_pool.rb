@@ -98,6 +98,7 @@ module Serval
     end
 
     def work
+      Fairness.apply(Thread.current) # docs/tuning.md "Fairness"; Server#run set this process's slice
       loop do
         request = @core.next(@idle_timeout)
         if request.nil?
