@@ -46,6 +46,8 @@ module Serval
       write_timeout: CORE[:write_timeout][0],
       max_connections: CORE[:max_connections][0],
       output_buffer: CORE[:output_buffer][0],
+      output_budget: CORE[:output_budget][0], # docs/configuration.md "Response bodies"
+      max_spill: CORE[:max_spill][0],
       max_keepalive_requests: CORE[:max_keepalive_requests][0],
       min_body_rate: CORE[:min_body_rate][0],
       tmpdir: Dir.tmpdir.dup.freeze,
@@ -109,6 +111,8 @@ module Serval
       write_timeout: [:seconds, *CORE[:write_timeout][1, 2]],
       max_connections: [:int, *CORE[:max_connections][1, 2]],
       output_buffer: [:int, *CORE[:output_buffer][1, 2]],
+      output_budget: [:int, *CORE[:output_budget][1, 2]],
+      max_spill: [:int, *CORE[:max_spill][1, 2]],
       max_keepalive_requests: [:int, *CORE[:max_keepalive_requests][1, 2]],
       min_body_rate: [:seconds, *CORE[:min_body_rate][1, 2]], # a plain number: bytes per second
       tmpdir: [:directory],
