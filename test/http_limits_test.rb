@@ -436,32 +436,43 @@ class HTTPLimitsTest < Minitest::Test
     end
   end
 
+  # A writer that has to wait for its client (no spill: max_spill 0) gives
+  # up after write_timeout; with the spill the thread finishes at once and
+  # the loop gives up after write_timeout instead. Either way the
+  # connection is cut and the server serves the next client.
   def test_write_timeout_gives_up_on_a_client_that_does_not_read
-    finished = Queue.new
     size = 32 << 20
-    app = lambda do |env|
-      env["rack.response_finished"] << ->(_env, _status, _headers, error) { finished << error }
-      [200, { "content-type" => "application/octet-stream", "content-length" => size.to_s },
-       Array.new(size / 65_536) { "z" * 65_536 }]
-    end
-    with_limits_server(app: app, write_timeout: 0.3, output_buffer: 65_536, max_threads: 2) do |_server, port|
-      client = Client.new(port)
-      client.write(good_request("/huge"))
-      error = finished.pop # the client reads nothing meanwhile
-      assert_kind_of Serval::WriteTimeout, error
-      got = 0
-      begin
-        while (chunk = client.socket.readpartial(1 << 20))
-          got += chunk.bytesize
-        end
-      rescue EOFError, Errno::ECONNRESET
-        nil
+    [[0, Serval::WriteTimeout], [nil, NilClass]].each do |max_spill, outcome|
+      finished = Queue.new
+      app = lambda do |env|
+        env["rack.response_finished"] << ->(_env, _status, _headers, error) { finished << error }
+        [200, { "content-type" => "application/octet-stream", "content-length" => size.to_s },
+         Array.new(size / 65_536) { "z" * 65_536 }]
       end
-      assert_operator got, :<, size, "the connection was cut, not completed"
-      client.close
-      fresh = Client.new(port).write(good_request("/after"))
-      assert_equal "HTTP/1.1 200 OK", fresh.read_response.status_line
-      fresh.close
+      opts = { app: app, write_timeout: 0.3, output_buffer: 65_536, max_threads: 2 }
+      opts[:max_spill] = max_spill if max_spill
+      with_limits_server(**opts) do |server, port|
+        client = Client.new(port)
+        client.write(good_request("/huge"))
+        error = finished.pop # the client reads nothing meanwhile
+        assert_kind_of outcome, error, "max_spill #{max_spill.inspect}"
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
+        sleep 0.01 until server.stats[:connections].zero? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+        assert_equal 0, server.stats[:connections], "the loop cut the connection after write_timeout"
+        got = 0
+        begin
+          while (chunk = client.socket.readpartial(1 << 20))
+            got += chunk.bytesize
+          end
+        rescue EOFError, Errno::ECONNRESET
+          nil
+        end
+        assert_operator got, :<, size, "the connection was cut, not completed"
+        client.close
+        fresh = Client.new(port).write(good_request("/after"))
+        assert_equal "HTTP/1.1 200 OK", fresh.read_response.status_line
+        fresh.close
+      end
     end
   end
 

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require_relative "support/tls_cert"
 require "openssl"
 require "net/http"
 require "tmpdir"
@@ -43,21 +44,7 @@ class TLSTest < Minitest::Test
   FILE_PATH = Struct.new(:value).new(nil)
 
   def self.certificate(dir)
-    key = OpenSSL::PKey::RSA.new(2048)
-    cert = OpenSSL::X509::Certificate.new
-    cert.version = 2
-    cert.serial = 1
-    cert.subject = cert.issuer = OpenSSL::X509::Name.parse("/CN=localhost")
-    cert.public_key = key.public_key
-    cert.not_before = Time.now - 60
-    cert.not_after = Time.now + 3600
-    ext = OpenSSL::X509::ExtensionFactory.new(cert, cert)
-    cert.add_extension(ext.create_extension("subjectAltName", "DNS:localhost,IP:127.0.0.1"))
-    cert.add_extension(ext.create_extension("basicConstraints", "CA:TRUE", true))
-    cert.sign(key, OpenSSL::Digest.new("SHA256"))
-    File.write(File.join(dir, "cert.pem"), cert.to_pem)
-    File.write(File.join(dir, "key.pem"), key.to_pem)
-    [File.join(dir, "cert.pem"), File.join(dir, "key.pem")]
+    Serval::TLSCert.write(dir)
   end
 
   def setup

@@ -1,8 +1,16 @@
-/* Growable byte buffers with an explicit upper bound. */
+/* Growable byte buffers with an explicit upper bound. An output buffer also
+ * counts its capacity in the core's out_bytes (sv_buf.acct), the figure the
+ * process-wide output_budget bounds. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include "serval.h"
+
+#define SV_TRIM_MIN ((size_t)16 << 20)  /* output memory freed before malloc_trim is worth it */
+#define SV_TRIM_INTERVAL 1.0             /* seconds between two malloc_trim calls at most */
 
 double sv_now(void)
 {
@@ -11,9 +19,53 @@ double sv_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* Make room for `extra` more bytes without exceeding `limit` bytes in all.
- * Returns 0 on success, -1 when the limit would be exceeded or malloc failed. */
-int sv_buf_reserve(sv_buf *b, size_t extra, size_t limit)
+static void set_cap(sv_buf *b, size_t cap)
+{
+    if (b->acct) {
+        if (cap > b->cap)
+            atomic_fetch_add(b->acct, cap - b->cap);
+        else
+            atomic_fetch_sub(b->acct, b->cap - cap);
+    }
+    b->cap = cap;
+}
+
+/* Take `delta` bytes of the budget, or refuse without taking any. */
+static int charge(sv_buf *b, size_t delta, size_t budget)
+{
+    size_t cur = atomic_load(b->acct);
+    do {
+        if (cur > budget || delta > budget - cur)
+            return -1;
+    } while (!atomic_compare_exchange_weak(b->acct, &cur, cur + delta));
+    return 0;
+}
+
+static int grow_to(sv_buf *b, size_t cap, size_t budget)
+{
+    size_t delta = cap - b->cap;
+    int charged = b->acct && cap > SV_OUT_MIN && budget != (size_t)-1;
+    if (charged && charge(b, delta, budget) != 0)
+        return -1;
+    char *p = realloc(b->data, cap);
+    if (!p) {
+        if (charged)
+            atomic_fetch_sub(b->acct, delta);
+        return -1;
+    }
+    b->data = p;
+    if (charged)
+        b->cap = cap; /* counted by charge() */
+    else
+        set_cap(b, cap);
+    return 0;
+}
+
+/* Make room for `extra` more bytes without exceeding `limit` bytes in all
+ * and, past SV_OUT_MIN, the budget shared through b->acct: the buffer doubles,
+ * or, when doubling does not fit the budget, grows to just what is needed.
+ * Returns 0 on success, -1 when a limit would be exceeded or malloc failed. */
+int sv_buf_reserve_budget(sv_buf *b, size_t extra, size_t limit, size_t budget)
 {
     size_t need = b->len + extra;
     if (need < b->len || need > limit)
@@ -25,12 +77,14 @@ int sv_buf_reserve(sv_buf *b, size_t extra, size_t limit)
         cap = cap > limit / 2 ? limit : cap * 2;
     if (cap < need)
         cap = need;
-    char *p = realloc(b->data, cap);
-    if (!p)
-        return -1;
-    b->data = p;
-    b->cap = cap;
-    return 0;
+    if (grow_to(b, cap, budget) == 0)
+        return 0;
+    return cap > need ? grow_to(b, need, budget) : -1;
+}
+
+int sv_buf_reserve(sv_buf *b, size_t extra, size_t limit)
+{
+    return sv_buf_reserve_budget(b, extra, limit, (size_t)-1);
 }
 
 int sv_buf_append(sv_buf *b, const void *p, size_t n, size_t limit)
@@ -56,7 +110,8 @@ void sv_buf_free(sv_buf *b)
 {
     free(b->data);
     b->data = NULL;
-    b->len = b->cap = b->off = 0;
+    set_cap(b, 0);
+    b->len = b->off = 0;
 }
 
 /* Give memory back after a large response or request. */
@@ -71,6 +126,24 @@ void sv_buf_shrink(sv_buf *b, size_t keep)
     char *p = realloc(b->data, keep);
     if (p) {
         b->data = p;
-        b->cap = keep;
+        set_cap(b, keep);
     }
+}
+
+/* glibc keeps freed memory in its arenas (and raises its mmap threshold
+ * after a large free, so the next large buffers come from the arenas too):
+ * after the output buffers shrank by SV_TRIM_MIN from their high-water mark,
+ * hand the free pages back, at most once per SV_TRIM_INTERVAL. */
+void sv_out_trim(sv_core *core, double now)
+{
+    size_t cur = atomic_load(&core->out_bytes);
+    if (cur > core->trim_peak)
+        core->trim_peak = cur;
+    if (core->trim_peak - cur < SV_TRIM_MIN || now < core->next_trim)
+        return;
+    core->trim_peak = cur;
+    core->next_trim = now + SV_TRIM_INTERVAL;
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
 }

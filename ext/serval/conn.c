@@ -3,7 +3,10 @@
  * Every function here runs without the GVL and touches no Ruby object; the
  * caller owns the connection (see the ownership rule in serval.h).
  */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -24,6 +27,7 @@ sv_conn *sv_conn_new(sv_core *core, int fd, sv_listener *l)
     c->listener = l;
     c->body_fd = -1;
     c->file_fd = -1;
+    c->out.acct = &core->out_bytes;
     atomic_store(&c->owner, SV_OWN_LOOP);
     c->state = SV_ST_HEAD;
     return c;
@@ -37,13 +41,88 @@ static void close_if_open(int *fd)
     }
 }
 
+/* The response's file is sent (or abandoned): close it; a spill's bytes
+ * leave the process's count. */
+static void file_done(sv_conn *c)
+{
+    close_if_open(&c->file_fd);
+    if (c->spill_bytes > 0)
+        atomic_fetch_sub(&c->core->spill_used, c->spill_bytes);
+    c->spill_bytes = 0;
+    c->file_spill = 0;
+    c->file_rem = 0;
+    c->file_off = 0;
+}
+
+int sv_tmpfile(sv_core *core)
+{
+    int fd = open(core->opt.tmpdir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0)
+        return fd;
+    char path[1100];
+    snprintf(path, sizeof(path), "%s/serval-XXXXXX", core->opt.tmpdir);
+    fd = mkostemp(path, O_CLOEXEC);
+    if (fd >= 0)
+        unlink(path);
+    return fd;
+}
+
+/* Reserve up to n bytes of max_spill: how many were granted. */
+static size_t spill_reserve(sv_core *core, size_t n)
+{
+    uint64_t cur = atomic_load(&core->spill_used), take;
+    do {
+        uint64_t room = core->opt.max_spill > cur ? core->opt.max_spill - cur : 0;
+        take = n < room ? n : room;
+        if (take == 0)
+            return 0;
+    } while (!atomic_compare_exchange_weak(&core->spill_used, &cur, cur + take));
+    return (size_t)take;
+}
+
+size_t sv_conn_spill(sv_conn *c, const char *p, size_t n)
+{
+    sv_core *core = c->core;
+    if (c->spill_failed || (c->file_fd >= 0 && !c->file_spill))
+        return 0; /* a to_path file is still being sent: its bytes come first */
+    size_t take = spill_reserve(core, n);
+    if (take > 0 && c->file_fd < 0) {
+        c->file_fd = sv_tmpfile(core);
+        if (c->file_fd >= 0) {
+            c->file_spill = 1;
+            c->file_off = 0;
+            c->file_rem = 0;
+            atomic_fetch_add(&core->spills, 1);
+        }
+    }
+    size_t done = 0;
+    while (c->file_fd >= 0 && done < take) {
+        ssize_t w = write(c->file_fd, p + done, take - done); /* the end of the file: sendfile and
+                                                                 pread never move its offset */
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break; /* ENOSPC, EDQUOT, EFBIG, EIO */
+        done += (size_t)w;
+    }
+    if (done < take)
+        atomic_fetch_sub(&core->spill_used, take - done);
+    if (done < n)
+        c->spill_failed = 1;
+    c->spill_bytes += done;
+    c->file_rem += done;
+    if (c->file_spill && c->spill_bytes == 0)
+        file_done(c); /* refused at its first byte: no empty file in the way */
+    return done;
+}
+
 void sv_conn_free(sv_conn *c)
 {
     if (c->tls)
         sv_tls_conn_free(c);
     close_if_open(&c->fd);
     close_if_open(&c->body_fd);
-    close_if_open(&c->file_fd);
+    file_done(c);
     sv_buf_free(&c->in);
     sv_buf_free(&c->body);
     sv_buf_free(&c->out);
@@ -55,7 +134,8 @@ void sv_conn_free(sv_conn *c)
 void sv_conn_reset_request(sv_conn *c)
 {
     close_if_open(&c->body_fd);
-    close_if_open(&c->file_fd);
+    file_done(c);
+    c->spill_failed = 0;
     sv_buf_free(&c->body);
     sv_buf_consume_front(&c->in, c->consumed);
     sv_buf_shrink(&c->in, SV_READ_MIN);
@@ -72,14 +152,16 @@ void sv_conn_reset_request(sv_conn *c)
     c->close_after = 0;
     c->head_written = 0;
     c->since = sv_now();
-    c->file_rem = 0;
-    c->file_off = 0;
 }
 
 int sv_conn_flush(sv_conn *c)
 {
-    if (c->tls)
-        return sv_tls_flush(c);
+    if (c->tls) {
+        int r = sv_tls_flush(c);
+        if (r == 1)
+            file_done(c);
+        return r;
+    }
     while (c->out.off < c->out.len) {
         ssize_t n = send(c->fd, c->out.data + c->out.off, c->out.len - c->out.off, MSG_NOSIGNAL);
         if (n > 0) {
@@ -93,6 +175,8 @@ int sv_conn_flush(sv_conn *c)
         }
     }
     c->out.len = c->out.off = 0;
+    if (c->file_rem > 0 && c->out.cap > SV_OUT_MIN)
+        sv_buf_free(&c->out); /* the rest comes from the file: give the memory back now */
     while (c->file_rem > 0) {
         size_t want = c->file_rem > (1u << 30) ? (1u << 30) : (size_t)c->file_rem;
         ssize_t n = sendfile(c->fd, c->file_fd, &c->file_off, want);
@@ -106,7 +190,7 @@ int sv_conn_flush(sv_conn *c)
             return -1; /* error, or the file shrank under us */
         }
     }
-    close_if_open(&c->file_fd);
+    file_done(c);
     return 1;
 }
 

@@ -104,6 +104,8 @@ static const sv_opt_spec opt_specs[] = {
     {"write_timeout", 30, 0.001, SV_DAY},
     {"max_connections", 1024, 1, 1000000},
     {"output_buffer", 4194304, 4096, 1 << 30},
+    {"output_budget", 67108864, 0, 1099511627776.0},   /* 64 MiB .. 1 TiB */
+    {"max_spill", 4294967296.0, 0, 1125899906842624.0}, /* 4 GiB .. 1 PiB */
     {"max_keepalive_requests", 1000, 1, 2147483647.0},
     {"min_body_rate", 500, 0, 1e12},
     {"max_queue_time", 0, 0, 60}, /* seconds; 0: no load shedding (shed.h) */
@@ -168,6 +170,8 @@ static void read_options(sv_options *o, VALUE opts)
     o->write_timeout = opt_num(opts, "write_timeout");
     o->max_connections = (size_t)opt_num(opts, "max_connections");
     o->output_buffer = (size_t)opt_num(opts, "output_buffer");
+    o->output_budget = (size_t)opt_num(opts, "output_budget");
+    o->max_spill = (uint64_t)opt_num(opts, "max_spill");
     o->max_keepalive_requests = (unsigned)opt_num(opts, "max_keepalive_requests");
     o->min_body_rate = opt_num(opts, "min_body_rate");
     o->max_queue_time = opt_num(opts, "max_queue_time");
@@ -395,6 +399,10 @@ static VALUE core_stats(VALUE self)
     rb_hash_aset(h, ID2SYM(rb_intern("shed")), ULONG2NUM(atomic_load(&core->shed_total)));
     if (core->opt.max_queue_time > 0) /* the wait predicted for a request arriving now */
         rb_hash_aset(h, ID2SYM(rb_intern("queue_wait_estimate")), DBL2NUM(estimate));
+    rb_hash_aset(h, ID2SYM(rb_intern("output_buffered_bytes")), SIZET2NUM(atomic_load(&core->out_bytes)));
+    rb_hash_aset(h, ID2SYM(rb_intern("output_spilled_bytes")), ULL2NUM(atomic_load(&core->spill_used)));
+    rb_hash_aset(h, ID2SYM(rb_intern("output_spills")), ULONG2NUM(atomic_load(&core->spills)));
+    rb_hash_aset(h, ID2SYM(rb_intern("output_waits")), ULONG2NUM(atomic_load(&core->spill_waits)));
     rb_hash_aset(h, ID2SYM(rb_intern("draining")), draining ? Qtrue : Qfalse);
     rb_hash_aset(h, ID2SYM(rb_intern("stopping")), stopping ? Qtrue : Qfalse);
     return h;

@@ -398,19 +398,6 @@ static void dispatch(sv_conn *c)
     pthread_mutex_unlock(&core->mu);
 }
 
-static int open_tmpfile(sv_core *core)
-{
-    int fd = open(core->opt.tmpdir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-    if (fd >= 0)
-        return fd;
-    char path[1100];
-    snprintf(path, sizeof(path), "%s/serval-body-XXXXXX", core->opt.tmpdir);
-    fd = mkostemp(path, O_CLOEXEC);
-    if (fd >= 0)
-        unlink(path);
-    return fd;
-}
-
 static int write_all(int fd, const char *p, size_t n)
 {
     while (n > 0) {
@@ -436,7 +423,7 @@ static int body_sink(sv_conn *c, const char *p, size_t n)
     if (c->body_fd < 0 && c->body.len + n <= o->body_spill)
         return sv_buf_append(&c->body, p, n, o->body_spill) == 0 ? 0 : 500;
     if (c->body_fd < 0) {
-        c->body_fd = open_tmpfile(c->core);
+        c->body_fd = sv_tmpfile(c->core);
         if (c->body_fd < 0 || write_all(c->body_fd, c->body.data, c->body.len) != 0)
             return 500;
         sv_buf_free(&c->body);
@@ -813,6 +800,7 @@ static void *loop_main(void *arg)
         }
         if (now >= core->next_scan || draining) {
             scan_timeouts(core, now);
+            sv_out_trim(core, now);
             core->next_scan = now + SV_SCAN_INTERVAL_MS / 1000.0;
         }
         if (core->opt.balance && !draining && core->accepting >= 0)

@@ -80,9 +80,10 @@ typedef struct {
     int result;          /* 1 done, -1 error, -2 timeout, 0 interrupted */
 } flush_args;
 
+/* Response bytes not sent yet: the output buffer, then the file (a spill or to_path). */
 static size_t pending(sv_conn *c)
 {
-    return c->out.len - c->out.off;
+    return c->out.len - c->out.off + (size_t)c->file_rem;
 }
 
 static void *flush_nogvl(void *p)
@@ -127,21 +128,68 @@ static void flush_blocking(VALUE self, sv_conn *c, size_t until)
         rb_raise(sv_eConnectionError, "client closed the connection");
 }
 
-/* Append body bytes, flushing when the per-connection buffer is full. */
+/* How many of `want` more bytes the output buffer takes now: it grows up to
+ * output_buffer, within the process's output_budget; 0 when full. Sent
+ * bytes at its front are reclaimed when at least as many were sent as are
+ * left (so a slow client never makes us move a big buffer for a few bytes). */
+static size_t out_room(sv_conn *c, size_t want)
+{
+    sv_options *o = &c->core->opt;
+    sv_buf *b = &c->out;
+    size_t used = b->len - b->off;
+    if (used >= o->output_buffer)
+        return 0;
+    if (want > o->output_buffer - used)
+        want = o->output_buffer - used;
+    if (b->off > 0 && b->len + want > b->cap && b->off >= used) {
+        memmove(b->data, b->data + b->off, used);
+        b->len = used;
+        b->off = 0;
+    }
+    size_t grow = b->len >= o->output_buffer ? 0 : o->output_buffer - b->len;
+    if (grow > want)
+        grow = want;
+    if (grow > 0 && b->len + grow > b->cap)
+        (void)sv_buf_reserve_budget(b, grow, o->output_buffer, o->output_budget);
+    return b->cap - b->len < want ? b->cap - b->len : want;
+}
+
+/* Append body bytes: to the output buffer while it has room (see out_room);
+ * when it is full, to the socket if the client keeps up (a non-blocking
+ * send that frees an eighth of output_buffer or more); else to the
+ * response's spill, an unlinked temp file the loop sends from once the
+ * response is done, so the thread is free whatever the body's size. When
+ * the spill is refused (max_spill reached, no disk), the thread waits for
+ * the client instead (without the GVL, up to write_timeout): memory never
+ * grows past the limits. Once spilled, every later byte goes to the file,
+ * after the buffer: the order on the wire is the order of the writes. */
 static void append_body(VALUE self, sv_conn *c, const char *p, size_t n)
 {
-    size_t cap = c->core->opt.output_buffer;
+    sv_core *core = c->core;
     while (n > 0) {
-        size_t used = pending(c);
-        if (used >= cap) {
-            flush_blocking(self, c, cap / 2);
+        size_t take = 0;
+        if (c->file_fd < 0 && (take = out_room(c, n)) > 0) {
+            memcpy(c->out.data + c->out.len, p, take);
+            c->out.len += take;
+        } else if (c->file_fd < 0 && !c->spill_failed) {
+            size_t before = pending(c);
+            if (sv_conn_flush(c) < 0)
+                rb_raise(sv_eConnectionError, "client closed the connection");
+            if (pending(c) == 0 || before - pending(c) >= core->opt.output_buffer / 8)
+                continue;
+            take = sv_conn_spill(c, p, n);
+        } else {
+            take = sv_conn_spill(c, p, n);
+        }
+        if (take == 0 && pending(c) == 0 && c->file_fd < 0)
+            rb_raise(rb_eNoMemError, "cannot buffer response");
+        if (take == 0) {
+            /* nothing fits: wait until the client took half the buffer, or
+             * everything when a file is in the way */
+            atomic_fetch_add(&core->spill_waits, 1);
+            flush_blocking(self, c, c->file_fd >= 0 ? 0 : (c->out.len - c->out.off) / 2);
             continue;
         }
-        if (c->out.off > 0 && c->out.off == c->out.len)
-            c->out.len = c->out.off = 0;
-        size_t take = n < cap - used ? n : cap - used;
-        if (sv_buf_append(&c->out, p, take, (size_t)-1) != 0)
-            rb_raise(rb_eNoMemError, "cannot buffer response");
         p += take;
         n -= take;
     }
@@ -242,11 +290,11 @@ static VALUE req_sendfile(VALUE self, VALUE fd, VALUE offset, VALUE length)
     if (c->mode != SV_MODE_LENGTH)
         return Qfalse;
     uint64_t len = NUM2ULL(length);
+    if (c->file_fd >= 0)
+        flush_blocking(self, c, 0); /* a file before this one (a spill): sent first, then closed */
     int dup = fcntl(NUM2INT(fd), F_DUPFD_CLOEXEC, 0);
     if (dup < 0)
         rb_sys_fail("dup");
-    if (c->file_fd >= 0)
-        close(c->file_fd);
     c->file_fd = dup;
     c->file_off = (off_t)NUM2LL(offset);
     c->file_rem = len;
@@ -271,7 +319,7 @@ static VALUE req_finish(VALUE self)
     else if (c->mode == SV_MODE_LENGTH && c->sent_body != c->expected)
         c->keep_alive = 0; /* body shorter than declared: the client sees the close */
     r->conn = NULL;
-    if (pending(c) + c->file_rem <= SV_FINISH_INLINE)
+    if (pending(c) <= SV_FINISH_INLINE)
         sv_conn_response_done(c);
     else
         rb_thread_call_without_gvl(done_nogvl, c, RUBY_UBF_IO, NULL);

@@ -49,6 +49,7 @@ typedef struct {
     size_t len;
     size_t cap;
     size_t off;       /* output buffers: bytes already written */
+    _Atomic size_t *acct;        /* output buffers: the core's count their capacity is part of */
 } sv_buf;
 
 typedef struct sv_listener {
@@ -114,9 +115,12 @@ typedef struct sv_conn {
 
     /* response side */
     sv_buf out;
-    int file_fd;                 /* sendfile source or -1 */
+    int file_fd;                 /* sendfile source (a to_path file or the spill) or -1 */
     off_t file_off;
     uint64_t file_rem;
+    int file_spill;              /* file_fd is this response's spill: the rest of a generated body */
+    int spill_failed;            /* the spill was refused for this response: its writer waits instead */
+    uint64_t spill_bytes;        /* of the spill file, counted in core->spill_used */
     int mode;                    /* SV_MODE_* of the current response */
     int64_t expected;            /* SV_MODE_LENGTH: declared length */
     int64_t sent_body;           /* body bytes accepted so far */
@@ -137,6 +141,8 @@ typedef struct {
     double write_timeout;
     size_t max_connections;
     size_t output_buffer;
+    size_t output_budget;        /* all connections' output buffers together (SV_OUT_MIN each free) */
+    uint64_t max_spill;          /* all spill files together */
     unsigned max_keepalive_requests;
     double min_body_rate;        /* bytes/s a body must average after read_timeout; 0: off */
     int balance;                 /* cluster worker: accept only while a Ruby thread is free */
@@ -185,12 +191,20 @@ struct sv_core {
     _Atomic unsigned long errors;
     _Atomic unsigned long shed_total; /* requests answered 503 by load shedding */
     _Atomic long open;           /* open connections */
+    _Atomic size_t out_bytes;    /* capacity of every output buffer (sv_buf.acct) */
+    _Atomic uint64_t spill_used; /* bytes in open spill files */
+    _Atomic unsigned long spills;       /* responses that spilled */
+    _Atomic unsigned long spill_waits;  /* writers that waited: no memory or disk left for them */
+    size_t trim_peak;            /* loop only: out_bytes high-water since the last malloc_trim */
+    double next_trim;
 
     sv_errlog errlog;            /* error responses, for lib/serval/error_log.rb */
 };
 
 /* buffer.c */
 int sv_buf_reserve(sv_buf *b, size_t extra, size_t limit);
+/* Also within `budget` bytes for all buffers sharing b->acct (to SV_OUT_MIN a buffer grows freely). */
+int sv_buf_reserve_budget(sv_buf *b, size_t extra, size_t limit, size_t budget);
 int sv_buf_append(sv_buf *b, const void *p, size_t n, size_t limit);
 void sv_buf_consume_front(sv_buf *b, size_t n);
 void sv_buf_free(sv_buf *b);
@@ -223,6 +237,14 @@ int sv_conn_flush(sv_conn *c);
 void sv_conn_response_done(sv_conn *c);
 void sv_conn_give_to_loop_dead(sv_conn *c);
 void sv_conn_reset_request(sv_conn *c);
+/* An unlinked temp file in tmpdir (O_TMPFILE, else mkostemp + unlink), mode 0600; or -1. */
+int sv_tmpfile(sv_core *core);
+/* Owner only: append to the response's spill file (opened on first use)
+ * within max_spill. Returns the bytes taken, fewer than n (then
+ * c->spill_failed is set) when max_spill is reached or the disk refuses. */
+size_t sv_conn_spill(sv_conn *c, const char *p, size_t n);
+/* Loop only: give freed output memory back to the system (malloc_trim), rate-limited. */
+void sv_out_trim(sv_core *core, double now);
 
 /* loop.c: parse what is buffered and dispatch (loop thread only) */
 void sv_loop_process_input(sv_conn *c);

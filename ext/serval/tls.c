@@ -140,6 +140,8 @@ static int flush_out(sv_conn *c)
 static int load_file_chunk(sv_conn *c)
 {
     size_t want = c->file_rem > SV_TLS_FILE_CHUNK ? SV_TLS_FILE_CHUNK : (size_t)c->file_rem;
+    if (c->out.cap > SV_TLS_FILE_CHUNK + SV_OUT_MIN)
+        sv_buf_free(&c->out); /* empty here: a large buffer goes back, the chunks need little */
     if (sv_buf_reserve(&c->out, want, want + SV_OUT_MIN) != 0)
         return -1;
     ssize_t got;

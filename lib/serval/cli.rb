@@ -24,6 +24,8 @@ module Serval
       "--min-body-rate" => [:min_body_rate, "BYTES_PER_SEC", "Slowest average upload after read_timeout (0: off)"],
       "--max-queue-time" => [:max_queue_time, "SEC", "Answer 503 when a request would wait longer for a thread (0: off)"],
       "--output-buffer" => [:output_buffer, "BYTES", "Response bytes buffered per connection"],
+      "--output-budget" => [:output_budget, "BYTES", "Response bytes buffered by all connections together"],
+      "--max-spill" => [:max_spill, "BYTES", "Response bytes spilled to tmpdir by all connections together"],
       "--first-data-timeout" => [:first_data_timeout, "SEC", "Wait for a new connection's first byte"],
       "--read-timeout" => [:read_timeout, "SEC", "Wait between bytes of a request"],
       "--persistent-timeout" => [:persistent_timeout, "SEC", "Idle keep-alive wait"],

@@ -47,6 +47,8 @@ module Serval
       write_timeout: CORE[:write_timeout][0],
       max_connections: CORE[:max_connections][0],
       output_buffer: CORE[:output_buffer][0],
+      output_budget: CORE[:output_budget][0], # docs/configuration.md "Response bodies"
+      max_spill: CORE[:max_spill][0],
       max_keepalive_requests: CORE[:max_keepalive_requests][0],
       min_body_rate: CORE[:min_body_rate][0],
       max_queue_time: CORE[:max_queue_time][0], # load shedding off (docs/tuning.md "Load shedding")
@@ -112,6 +114,8 @@ module Serval
       write_timeout: [:seconds, *CORE[:write_timeout][1, 2]],
       max_connections: [:int, *CORE[:max_connections][1, 2]],
       output_buffer: [:int, *CORE[:output_buffer][1, 2]],
+      output_budget: [:int, *CORE[:output_budget][1, 2]],
+      max_spill: [:int, *CORE[:max_spill][1, 2]],
       max_keepalive_requests: [:int, *CORE[:max_keepalive_requests][1, 2]],
       min_body_rate: [:seconds, *CORE[:min_body_rate][1, 2]], # a plain number: bytes per second
       max_queue_time: [:seconds, *CORE[:max_queue_time][1, 2]],

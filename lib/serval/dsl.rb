@@ -31,9 +31,9 @@ module Serval
     PLAIN = %i[
       max_request_line max_head max_headers max_body body_spill max_chunk_ext
       first_data_timeout read_timeout persistent_timeout write_timeout max_connections
-      output_buffer max_keepalive_requests min_body_rate max_queue_time tmpdir drain_timeout thread_idle_timeout backlog
-      environment rackup directory pidfile tag state_path metrics_bind control_url control_auth_token
-      error_log_limit
+      output_buffer output_budget max_spill max_keepalive_requests min_body_rate max_queue_time tmpdir
+      drain_timeout thread_idle_timeout backlog environment rackup directory pidfile tag state_path metrics_bind
+      control_url control_auth_token error_log_limit
     ].freeze
 
     DEFAULT_HOST = "0.0.0.0"

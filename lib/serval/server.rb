@@ -16,8 +16,8 @@ module Serval
   class Server
     CORE_KEYS = %i[max_request_line max_head max_headers max_body body_spill max_chunk_ext
                    first_data_timeout read_timeout persistent_timeout write_timeout
-                   max_connections output_buffer max_keepalive_requests min_body_rate max_queue_time
-                   tmpdir balance].freeze
+                   max_connections output_buffer output_budget max_spill max_keepalive_requests min_body_rate
+                   max_queue_time tmpdir balance].freeze
 
     attr_reader :thread_pool, :options
 
@@ -103,7 +103,9 @@ module Serval
       { backlog: s[:queued], running: pool[:running], pool_capacity: pool[:pool_capacity],
         busy_threads: pool[:busy_threads], max_threads: pool[:max_threads], min_threads: pool[:min_threads],
         requests_count: s[:requests], connections: s[:connections], accepted: s[:accepted], evicted: s[:evicted],
-        rejected: s[:errors], requests_shed: s[:shed] }.tap do |h|
+        rejected: s[:errors], requests_shed: s[:shed], output_buffered_bytes: s[:output_buffered_bytes],
+        output_spilled_bytes: s[:output_spilled_bytes], output_spills: s[:output_spills],
+        output_waits: s[:output_waits] }.tap do |h|
         h[:queue_wait_estimate] = s[:queue_wait_estimate] if s.key?(:queue_wait_estimate)
         h[:timing] = @handler.timing.stats if @handler.timing
         h[:fair_preemptions] = Fairness.preemptions if @fairness == :preempt

@@ -20,6 +20,8 @@ module Bench
       def mss = Integer(ENV.fetch("BENCH_SLOW_MSS", "1460"))
       def give_up_after = 3 # consecutive failed probes
       def prompt = 1.0 # seconds: "promptly"
+      def slow_path = "/1mb"
+      def slow_bytes = 1 << 20
 
       def description
         "#{slow_count} connections (MSS #{mss.positive? ? mss : 'default'}) GET /1mb and never read; a fresh client sends #{probes} sequential GET / " \
@@ -31,7 +33,7 @@ module Bench
         servers.each do |server|
           ctx.log "#{name}: #{server.name}"
           with_server(server, "payload.ru", path: "/hello") do |process|
-            check_1mb(process)
+            check_body(process)
             results[server.name] = measure(process).merge(
               "version" => server.version, "server_command" => process.command.join(" ")
             )
@@ -42,11 +44,11 @@ module Bench
         summarize(results)
       end
 
-      def check_1mb(process)
-        res = HTTP.get("127.0.0.1", process.port, "/1mb", timeout: 10)
-        return if res.status == 200 && res.body.bytesize == 1 << 20
+      def check_body(process)
+        res = HTTP.get("127.0.0.1", process.port, slow_path, timeout: 10)
+        return if res.status == 200 && res.body.bytesize == slow_bytes
 
-        raise Error, "#{process.server.name}: GET /1mb -> #{res.status}, #{res.body.bytesize} bytes"
+        raise Error, "#{process.server.name}: GET #{slow_path} -> #{res.status}, #{res.body.bytesize} bytes"
       end
 
       def measure(process)
@@ -55,7 +57,7 @@ module Bench
         slow_count.times do
           sock = slow_socket(process.port)
           slow << sock
-          sock.write_nonblock("GET /1mb HTTP/1.1\r\nHost: 127.0.0.1:#{process.port}\r\n\r\n", exception: false)
+          sock.write_nonblock("GET #{slow_path} HTTP/1.1\r\nHost: 127.0.0.1:#{process.port}\r\n\r\n", exception: false)
           connected += 1
         rescue SystemCallError
           next
