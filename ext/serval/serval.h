@@ -167,6 +167,9 @@ struct sv_core {
     size_t queued;
     int waiting;                 /* Ruby threads blocked in Core#next */
     _Atomic int balance_paused;  /* balance: listeners out of epoll until a thread waits */
+    _Atomic int balance_hold;    /* balance: a sibling has GVL headroom, accept nothing (balance.c) */
+    _Atomic int balance_moves;   /* balance: keep-alive connections to end after their response */
+    _Atomic unsigned long moved; /* connections ended that way */
     sv_conn *returned;           /* conns handed back to the loop for parsing */
     sv_conn *dead;               /* conns closed by Ruby threads, to free */
     _Atomic int draining;
@@ -218,6 +221,10 @@ int sv_conn_flush(sv_conn *c);
 void sv_conn_response_done(sv_conn *c);
 void sv_conn_give_to_loop_dead(sv_conn *c);
 void sv_conn_reset_request(sv_conn *c);
+
+/* balance.c: whether the response being started ends its keep-alive connection
+ * to move the client to a sibling worker (takes one granted move) */
+int sv_balance_take_move(sv_core *core);
 
 /* loop.c: parse what is buffered and dispatch (loop thread only) */
 void sv_loop_process_input(sv_conn *c);

@@ -17,7 +17,7 @@ module Serval
                    first_data_timeout read_timeout persistent_timeout write_timeout
                    max_connections output_buffer max_keepalive_requests min_body_rate tmpdir balance].freeze
 
-    attr_reader :thread_pool, :options
+    attr_reader :thread_pool, :options, :core # core: the Native::Core (Cluster::Balancer switches it)
 
     def initialize(app, options, log_writer:)
       @app = app
