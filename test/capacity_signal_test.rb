@@ -102,7 +102,7 @@ class CapacitySignalTest < Minitest::Test
     held.value
   end
 
-  def test_agent_check_url_is_validated
+  def test_options_are_validated_and_have_flags
     ["http://127.0.0.1:1", "tcp://127.0.0.1", "tcp://host:99999", ""].each do |url|
       error = assert_raises(Serval::ConfigError) { Serval::Configuration.load(cli: { agent_check_url: url }, config_file: "-") }
       assert_match(/\Aagent_check_url: /, error.message)
@@ -110,6 +110,13 @@ class CapacitySignalTest < Minitest::Test
     assert_equal "tcp://[::1]:9300", Serval::Configuration.load(cli: { agent_check_url: "tcp://[::1]:9300" }, config_file: "-")[:agent_check_url]
     error = assert_raises(Serval::ConfigError) { Serval::Configuration.load(cli: { gvl_balance_interval: 0.01 }, config_file: "-") }
     assert_match(/\Agvl_balance_interval: must be >= 0.2/, error.message)
+    require "serval/cli"
+    { %w[--no-gvl-balance --agent-check-url tcp://127.0.0.1:9300] => { gvl_balance: false, agent_check_url: "tcp://127.0.0.1:9300" },
+      %w[--gvl-balance] => { gvl_balance: true } }.each do |argv, expected|
+      cli = Serval::CLI.new(argv)
+      cli.send(:parse)
+      assert_equal expected, cli.instance_variable_get(:@cli)
+    end
   end
 
   # HAProxy with `agent-check agent-port N agent-inter 200ms` in front of a
