@@ -128,6 +128,10 @@ class BalancePolicyTest < Minitest::Test
     assert_in_delta 0.9, util, 1e-9
     assert_in_delta 2.0, busy, 0.25 # the last second: 2 busy threads
     assert_equal 3, shed
+    # from the timing total: 3 requests in the process for the last second
+    exact = Serval::LoadMeter.new(1.0)
+    (0..20).each { |i| exact.add(i * 0.1, 0.0, 0, 0, request_seconds: i * 0.3) }
+    assert_in_delta 3.0, exact.figures[1], 1e-9
   end
 
   def test_capacity_states_lines_and_readiness

@@ -80,12 +80,17 @@ class GVLBalanceTest < Minitest::Test
     end
   end
 
-  # 3 keep-alive clients all on worker 0 (worker 1 is held in its boot
-  # hook while they connect), each request burning 5 ms of CPU: worker 0's
+  # 3 keep-alive clients all on worker 0 (4 threads; worker 1 is held in its boot
+  # hook while they connect), each request burning 10 ms of CPU: worker 0's
   # GVL is saturated, worker 1 idles once booted. With balancing on, a
   # response says "connection: close" and that client's reconnection is
   # served by worker 1.
   def test_a_gvl_bound_worker_moves_a_keep_alive_client_to_its_idle_sibling
+    require "serval/native_ext"
+    unless Serval::Native::GVL.supported?
+      skip "Ruby < 3.2 measures the GVL by the process's CPU time, which a machine busy with other work " \
+           "keeps below saturation; the policy itself is tested in balance_policy_test.rb"
+    end
     server, pids = cluster_with_clients_on_worker_zero("")
     results = Queue.new # one item per client: [pid its reconnection reached] or :stayed, or an error
     stop = false
@@ -117,7 +122,7 @@ class GVLBalanceTest < Minitest::Test
   # Requests on one keep-alive client until a response ends it (then
   # reconnects: [the pid that answers]), or :stayed.
   def move_once(server, client, slot, pid0)
-    600.times do
+    400.times do
       return :stayed if yield
 
       r = client.write(GET).read_response
@@ -133,7 +138,7 @@ class GVLBalanceTest < Minitest::Test
 
   BURN_APP = <<~RUBY
     run lambda { |env|
-      stop = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + 0.005
+      stop = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + 0.01
       x = 0
       x += 1 while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < stop
       body = Process.pid.to_s
@@ -142,7 +147,9 @@ class GVLBalanceTest < Minitest::Test
   RUBY
 
   def cluster_with_clients_on_worker_zero(extra)
-    config = "bind 'tcp://127.0.0.1:0'\nworkers 2\nthreads 3, 3\ngvl_balance_interval 0.2\n" \
+    # 4 threads for 3 clients: a thread is always free, so balance mode's
+    # own close when none is (head.c) never fires; only the balancer moves
+    config = "bind 'tcp://127.0.0.1:0'\nworkers 2\nthreads 4, 4\ngvl_balance_interval 0.2\n" \
              "before_worker_boot { |i| File.read('gate') if i == 1 }\n#{extra}"
     server = spawn_server(["-C", "c.rb"], files: { "config.ru" => BURN_APP, "c.rb" => config })
     gate = File.join(server.dir, "gate")

@@ -46,9 +46,10 @@ module Serval
       end
 
       def load(server)
-        busy, _connections, shed, max = LoadMeter.server_figures(server)
+        seconds, busy, _connections, shed, max = LoadMeter.server_figures(server)
         util, mean_busy, shed_recent = @mutex.synchronize do
-          @meter.add(Process.clock_gettime(Process::CLOCK_MONOTONIC), LoadMeter.gvl_held, busy, shed)
+          @meter.add(Process.clock_gettime(Process::CLOCK_MONOTONIC), LoadMeter.gvl_held, busy, shed,
+                     request_seconds: seconds)
           @meter.figures
         end
         Load.new(util, mean_busy, max, shed_recent.positive?)

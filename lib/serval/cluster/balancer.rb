@@ -63,8 +63,8 @@ module Serval
 
       # One measurement and decision (the thread calls it every TICK).
       def tick(now = Process.clock_gettime(Process::CLOCK_MONOTONIC))
-        busy_now, connections, shed, @max_threads = LoadMeter.server_figures(@server)
-        @meter.add(now, @held.call, busy_now, shed)
+        seconds, busy_now, connections, shed, @max_threads = LoadMeter.server_figures(@server)
+        @meter.add(now, @held.call, busy_now, shed, request_seconds: seconds)
         @figures = @meter.figures
         util, busy, = @figures
         siblings = @table.read(max_age: @interval).reject { |e| e.index == @index || e.pid == Process.pid }
