@@ -289,7 +289,8 @@ static void *wait_nogvl(void *p)
     ts.tv_nsec = (long)((a->deadline - (double)ts.tv_sec) * 1e9);
     pthread_mutex_lock(&core->mu);
     core->waiting++;
-    if (core->balance_paused && core->waiting > (int)core->queued + (int)atomic_load(&core->partial)) {
+    if (core->balance_paused && !atomic_load(&core->balance_hold) &&
+        core->waiting > (int)core->queued + (int)atomic_load(&core->partial)) {
         core->balance_paused = 0; /* only on the transition: one wake per pause */
         sv_core_wake(core);
     }

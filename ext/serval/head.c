@@ -236,6 +236,8 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw
         c->mode = SV_MODE_RAW;
         keep = 0;
     }
+    if (keep && core->opt.balance && sv_balance_take_move(core))
+        keep = 0; /* a sibling worker has GVL headroom: this client reconnects there */
     if (r->minor_version >= 1 && !keep)
         out(c, "connection: close\r\n", 19);
     else if (r->minor_version == 0 && keep)

@@ -131,7 +131,7 @@ static int free_threads(sv_core *core)
 static void balance_listeners(sv_core *core)
 {
     pthread_mutex_lock(&core->mu);
-    int idle = free_threads_locked(core) > 0;
+    int idle = free_threads_locked(core) > 0 && !atomic_load(&core->balance_hold);
     core->balance_paused = !idle;
     pthread_mutex_unlock(&core->mu);
     if (!idle)

@@ -177,6 +177,9 @@ struct sv_core {
     int waiting;                 /* Ruby threads blocked in Core#next */
     sv_shed shed;                /* load shedding (opt.max_queue_time > 0) */
     _Atomic int balance_paused;  /* balance: listeners out of epoll until a thread waits */
+    _Atomic int balance_hold;    /* balance: a sibling has GVL headroom, accept nothing (balance.c) */
+    _Atomic int balance_moves;   /* balance: keep-alive connections to end after their response */
+    _Atomic unsigned long moved; /* connections ended that way */
     sv_conn *returned;           /* conns handed back to the loop for parsing */
     sv_conn *dead;               /* conns closed by Ruby threads, to free */
     _Atomic int draining;
@@ -245,6 +248,10 @@ int sv_tmpfile(sv_core *core);
 size_t sv_conn_spill(sv_conn *c, const char *p, size_t n);
 /* Loop only: give freed output memory back to the system (malloc_trim), rate-limited. */
 void sv_out_trim(sv_core *core, double now);
+
+/* balance.c: whether the response being started ends its keep-alive connection
+ * to move the client to a sibling worker (takes one granted move) */
+int sv_balance_take_move(sv_core *core);
 
 /* loop.c: parse what is buffered and dispatch (loop thread only) */
 void sv_loop_process_input(sv_conn *c);

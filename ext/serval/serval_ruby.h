@@ -12,6 +12,7 @@ void sv_core_ref(sv_core *core);
 void sv_core_unref(sv_core *core);
 VALUE sv_request_new(VALUE core_obj, sv_core *core, sv_conn *conn);
 void sv_init_core(VALUE mNative);
+void sv_init_balance(void);
 void sv_init_request(VALUE mNative);
 void sv_init_env(void);
 void sv_init_tls(VALUE mNative);

@@ -141,6 +141,10 @@ module Serval
       o.separator "Cluster mode (docs/signals.md):"
       on(o, "-w", "--workers N", "Forked worker processes, or auto (0 = single mode; default $WEB_CONCURRENCY or 0)") { |v| @dsl.workers(v) }
       on(o, "--preload", "Load the app in the master before forking (default with -w > 1)") { @dsl.preload_app! }
+      # two flags, not --[no-]: optparse 0.4's require_exact rejects the --no- form
+      on(o, "--gvl-balance", "A GVL-bound worker leaves new and keep-alive connections to idle siblings (default)") { @dsl.gvl_balance(true) }
+      on(o, "--no-gvl-balance", "Turn that off (docs/tuning.md \"Balancing workers\")") { @dsl.gvl_balance(false) }
+      on(o, "--agent-check-url URL", "Answer HAProxy agent-check on tcp://HOST:PORT (docs/deployment.md)") { |v| @dsl.agent_check_url(v) }
       o.separator "Accepted from Puma, not supported yet (warn only):"
       on(o, "--fork-worker [N]", "Refork from worker 0") { @dsl.fork_worker }
     end

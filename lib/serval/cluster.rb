@@ -7,6 +7,7 @@ require "serval/boot_report"
 require "serval/cluster/worker_handle"
 require "serval/cluster/worker"
 require "serval/cluster/command_channel"
+require "serval/cluster/load_table"
 
 module Serval
   # Cluster mode: a master that serves nothing. It binds, (pre)loads the app,
@@ -18,6 +19,7 @@ module Serval
     BACKOFF_MAX = 30.0        # seconds between respawns of a crash-looping worker
     HEALTHY_AFTER = 10.0      # a worker up this long resets its crash count
     STOP_GRACE = 5.0          # after drain_timeout, stopping workers get KILL
+    LOAD_MAX_AGE = 2.0        # seconds: an older LoadTable slot is a worker that stopped measuring
 
     attr_reader :options, :log_writer, :binder, :app
 
@@ -86,6 +88,22 @@ module Serval
       )
     end
 
+    # What load balancers are told (Serval::Capacity), from the workers'
+    # LoadTable slots; called from the agent-check and metrics threads.
+    def capacity
+      require "serval/capacity"
+      serving = @workers.values.select(&:booted?) # a snapshot: this runs off the supervise loop
+      pids = serving.map(&:pid)
+      entries = @load_table && !@load_table.closed? ? @load_table.read(max_age: LOAD_MAX_AGE) : []
+      entries = entries.select { |e| pids.include?(e.pid) && !e.stopping }
+      state = if @stopping then :stopping
+              elsif !booted? || serving.empty? then :booting
+              elsif entries.any?(&:shedding) then :shedding
+              else :ready
+              end
+      Capacity.new(state: state, entries: entries)
+    end
+
     # The master's threads and every booted worker's.
     def thread_backtraces
       answers, missing = ask_workers(:backtraces, CommandChannel::GRACE)
@@ -111,6 +129,7 @@ module Serval
       @log_writer.info("Use Ctrl-C to stop")
       @started_at = Time.now.utc.strftime("%Y-%m-%dT%H:%M:%SZ")
       @options[:before_fork].each(&:call)
+      @load_table = LoadTable.create(@options[:tmpdir]) # shared with every worker forked from here
       maintain
       update_title
       change_state(:booted)
@@ -307,7 +326,7 @@ module Serval
         close_ios.each { |io| io.close unless io.closed? }
         @signals.close
         code = Worker.new(index: index, options: @options, app: @app, binder: @binder, log_writer: @log_writer,
-                          status_io: status_w, control_io: control_w).run
+                          status_io: status_w, control_io: control_w, load_table: @load_table).run
       rescue Exception => e
         @log_writer.exception(e, "serval: worker #{index} failed")
       end
@@ -367,6 +386,7 @@ module Serval
         nil
       end
       @binder&.close
+      @load_table&.close
       Launcher::Support.remove_pidfile(@pidfile)
       @signals.close
       @log_writer.info("- Goodbye!") if @state == :booted

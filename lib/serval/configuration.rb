@@ -75,7 +75,10 @@ module Serval
       sources: {}.freeze,
       error_log_limit: 10,
       advice_log_interval: 60.0, # seconds between advice checks (docs/tuning.md); 0: off
-      fair_timeslice: 5.0 # ms a computing request thread keeps the GVL from a waiting one (docs/tuning.md); 0: off
+      fair_timeslice: 5.0, # ms a computing request thread keeps the GVL from a waiting one (docs/tuning.md); 0: off
+      gvl_balance: true, # cluster: a GVL-bound worker leaves connections to siblings (docs/tuning.md)
+      gvl_balance_interval: 1.0, # seconds: the load window, and the least time between two moves
+      agent_check_url: nil # tcp://HOST:PORT: HAProxy agent-check on the master (docs/deployment.md)
     }.freeze
 
     # Cluster hooks => how many arguments their blocks receive.
@@ -139,7 +142,10 @@ module Serval
       sources: [:sources],
       error_log_limit: [:int, 0, 1_000_000],
       advice_log_interval: [:seconds, 0.0, DAY], # 0, or at least ADVICE_LOG_MIN (check_relations)
-      fair_timeslice: [:timeslice, 1.0, 100.0] # milliseconds, or 0/false (off)
+      fair_timeslice: [:timeslice, 1.0, 100.0], # milliseconds, or 0/false (off)
+      gvl_balance: [:bool],
+      gvl_balance_interval: [:seconds, 0.2, 60.0],
+      agent_check_url: [:tcp_or_nil]
     }.freeze
 
     # The shortest advice_log_interval: each check costs ~0.2 s of Ruby CPU.
@@ -238,6 +244,7 @@ module Serval
       when :bool_or_nil then value.nil? ? nil : bool(name, value)
       when :hooks then hooks(name, key, value)
       when :bind_or_nil then value.nil? ? nil : plain_bind(name, value)
+      when :tcp_or_nil then value.nil? ? nil : tcp_url(name, value)
       when :plugins then plugins(name, value)
       when :sources then sources(name, value)
       when :timeslice then Fairness.coerce(name, value, min, max, DEFAULTS[key])
@@ -365,6 +372,15 @@ module Serval
       raise if e.message.start_with?("#{name}:")
 
       raise ConfigError, "#{name}: #{e.message}"
+    end
+
+    # agent_check_url: tcp://HOST:PORT (HAProxy's agent speaks TCP only).
+    def self.tcp_url(name, value)
+      url = string(name, value)
+      port = url[%r{\Atcp://(?:\[[^\]]+\]|[^:/\[\]]+):(\d+)\z}, 1]
+      raise ConfigError, "#{name}: expected tcp://HOST:PORT, got #{url}" unless port && port.to_i <= 65_535
+
+      url
     end
 
     def self.binds(name, value)

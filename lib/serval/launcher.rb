@@ -45,6 +45,7 @@ module Serval
       Support.sync_output if options.fetch(:stdout_sync, true)
       require "serval/control"
       control = Control.after_boot(self) if Control.wanted?(options)
+      agent = start_agent_check
       plugins = start_plugins
       advice_log = start_advice_log
       status = @impl.run
@@ -56,6 +57,7 @@ module Serval
       plugins&.each(&:stop)
       advice_log&.stop
       control&.stop
+      agent&.stop
     end
 
     def booted? = @impl.booted?
@@ -66,6 +68,10 @@ module Serval
     def binder = @impl.binder
     def app = @impl.app
     def stats = @impl.stats
+
+    # What load balancers are told (Serval::Capacity): HAProxy's agent-check
+    # (agent_check_url) and GET /ready on the metrics listener.
+    def capacity = @impl.capacity
 
     def server
       @impl.respond_to?(:server) ? @impl.server : nil
@@ -87,6 +93,14 @@ module Serval
     private def start_advice_log
       require "serval/advice_log"
       AdviceLog.after_boot(self) if AdviceLog.wanted?(self)
+    end
+
+    # Listens from before boot, so HAProxy hears "down #booting" meanwhile.
+    private def start_agent_check
+      return nil unless options[:agent_check_url]
+
+      require "serval/agent_check"
+      AgentCheck.start(self, options[:agent_check_url], log_writer)
     end
 
     private def start_plugins

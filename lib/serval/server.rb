@@ -19,7 +19,7 @@ module Serval
                    max_connections output_buffer output_budget max_spill max_keepalive_requests min_body_rate
                    max_queue_time tmpdir balance].freeze
 
-    attr_reader :thread_pool, :options
+    attr_reader :thread_pool, :options, :core # core: the Native::Core (Cluster::Balancer switches it)
 
     def initialize(app, options, log_writer:)
       @app = app

@@ -78,6 +78,19 @@ module Serval
       Launcher::Support.thread_backtraces
     end
 
+    # What load balancers are told (Serval::Capacity): this process,
+    # measured on each call. Called from the agent-check and metrics threads.
+    def capacity
+      require "serval/capacity"
+      state = if @stopper || @halted then :stopping
+              elsif !booted? || !@server then :booting
+              end
+      return Capacity.new(state: state) if state
+
+      load = (@probe ||= Capacity::Probe.new).load(@server)
+      Capacity.new(state: load.shedding ? :shedding : :ready, entries: [load])
+    end
+
     private
 
     def boot

@@ -3,6 +3,7 @@
 require "json"
 require "serval/launcher"
 require "serval/cluster/command_channel"
+require "serval/cluster/balancer"
 
 module Serval
   class Cluster
@@ -12,8 +13,9 @@ module Serval
     # answers the master's requests (CommandChannel) and stops gracefully on
     # TERM or when the master's end of the command channel closes.
     class Worker
-      def initialize(index:, options:, app:, binder:, log_writer:, status_io:, control_io:)
+      def initialize(index:, options:, app:, binder:, log_writer:, status_io:, control_io:, load_table: nil)
         @index = index
+        @load_table = load_table
         @options = options
         @app = app
         @binder = binder
@@ -56,6 +58,16 @@ module Serval
         @binder.listeners.each { |l| @server.listen(l.io, l.tls) }
         @server.run
         @server.watch_db_pools
+        start_balancer
+      end
+
+      # The load this worker publishes for its siblings and the master, and
+      # GVL-aware balancing (gvl_balance) against the siblings it finds.
+      def start_balancer
+        return unless @load_table
+
+        @balancer = Balancer.new(server: @server, table: @load_table, index: @index, log_writer: @log_writer,
+                                 interval: @options[:gvl_balance_interval], enabled: @options[:gvl_balance]).start
       end
 
       def supervise
@@ -86,11 +98,13 @@ module Serval
 
       def stop
         run_hooks(:before_worker_shutdown, @index)
+        @balancer&.stop
         @server.stop(@options[:drain_timeout])
         0
       end
 
       def halt
+        @balancer&.stop
         @server.halt
         0
       end
@@ -98,6 +112,7 @@ module Serval
       # One JSON line; skipped (not blocked on) when the master is not reading.
       def checkin(booted: false)
         stats = @server.stats
+        stats = stats.merge(@balancer.stats) if @balancer
         ProcessTitle.worker(@index, @options[:tag], stats)
         line = JSON.generate(pid: Process.pid, index: @index, booted: booted, status: jsonable(stats))
         @status_io.write_nonblock("#{line}\n", exception: false)
