@@ -36,16 +36,16 @@ module Serval
     #
     # Each interval gives a vote (up, down, hold) with a target:
     #
-    # - up when requests queue (queue p90 above `queue_target`) and another
-    #   thread is worth it: the model predicts at least `gain` more req/s
-    #   (target: the fewest threads reaching `fraction` of the model's best,
-    #   plus `margin`),
+    # - up when requests queue (queue p90 above `queue_target`) and the model
+    #   puts its target above the count (target: the fewest threads reaching
+    #   `fraction` of the model's best, plus `margin`),
     #   or, without a model, the GVL has headroom (held < `gvl_headroom`) and
     #   the stall is low (mean < `stall_share` of wall): one more;
     # - down when stall grew without gain: a thread fewer served as many
     #   req/s (measured, within `down_gain`, at this workload) with less stall
     #   and no longer latency (queue + wall: under open-loop arrivals req/s
-    #   is the arrival rate and a thread's gain is a shorter wait); or the model puts the count `slack` threads past its target while
+    #   is the arrival rate and a thread's gain is a shorter wait); or the
+    #   model puts the count `slack` threads past its target while
     #   requests stall (mean > `stall_share` of wall);
     # - hold otherwise, with too few requests, or in the `cooldown` intervals
     #   right after a change (the first straddles it).
@@ -67,7 +67,6 @@ module Serval
         queue_target: 0.005,  # queue p90 above this: requests are waiting for a thread
         gvl_headroom: 0.85,   # without a model: GVL held below this share is headroom
         stall_share: 0.25,    # stall mean above this share of wall: requests stall
-        gain: 0.03,           # up: a thread must add this share of req/s to be worth it
         down_gain: 0.01,      # down: a measured thread that added less than this share is removed
         fraction: 0.97,       # model target: fewest threads reaching this share of its best ...
         margin: 1,            # ... plus this many (the model's knee sits ~1 below the measured one:
@@ -172,10 +171,8 @@ module Serval
         here = rps[[n, rps.size].min - 1]
         if queued && want > n
           gain = rps[want - 1] / here - 1
-          if gain >= @s[:gain]
-            return [:up, want, format("requests queue; the model gives %d threads %.0f req/s (+%d %%, knee %d)",
-                                      want, rps[want - 1], (gain * 100).round, knee)]
-          end
+          return [:up, want, format("requests queue; the model gives %d threads %.0f req/s (+%d %%, knee %d)",
+                                    want, rps[want - 1], (gain * 100).round, knee)]
         end
         if n >= want + @s[:slack] && stalling?(m)
           return [:down, want, format("the model gives %d threads %.0f req/s, as many as %d (%.0f) with less stall",
