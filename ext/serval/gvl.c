@@ -81,6 +81,8 @@ typedef struct {
     sv_pool_wait pool;          /* owner thread only */
     uint64_t idle_periods;      /* idle spans of >= SV_IO_MIN_NS ended; owner thread only */
     int in_request;             /* between Timing begin and end; owner thread only */
+    uint64_t req_at;            /* when the current request began; owner thread only */
+    uint64_t req_idle0;         /* ns[SV_GVL_IDLE] when it began; owner thread only */
     int nseg;                   /* the request's shape so far (sv_gvl_segments); owner thread only */
     float seg[SV_SEGS];
 } sv_gvl_slot;
@@ -178,6 +180,8 @@ static sv_gvl_slot *slot_of(VALUE th, int state, uint64_t now, int own)
         memset(&c->pool, 0, sizeof(c->pool));
         c->idle_periods = 0;
         c->in_request = 0;
+        c->req_at = 0;
+        c->req_idle0 = 0;
         c->nseg = 0;
         SLOT_SET(th, c);
         return c;
@@ -297,6 +301,42 @@ static VALUE gvl_global(VALUE mod)
     return rb_ary_new_from_args(5, ULL2NUM(run), LONG2NUM(waiting), ULL2NUM(outside),
                                 ULL2NUM(atomic_load_explicit(&handoff_total, memory_order_relaxed)),
                                 ULL2NUM(atomic_load_explicit(&handoffs, memory_order_relaxed)));
+}
+
+/* Native::GVL.idle_in_request(min_seconds) -> Integer: the threads inside a
+ * request that has so far spent at least min_seconds idle (without the GVL
+ * and not asking for it: I/O, sleep, a streaming write waiting for its
+ * client) and at least 3/4 of its time idle - the requests the I/O lane
+ * (lib/serval/auto/io_lane.rb) makes room beside. The owners' fields are
+ * read without their lock: a thread changing state during the scan is at
+ * worst miscounted once. */
+static VALUE gvl_idle_in_request(VALUE mod, VALUE min_seconds)
+{
+    double min = NUM2DBL(min_seconds);
+    if (!(min >= 0.0 && min < 1e9))
+        rb_raise(rb_eArgError, "min_seconds must be >= 0");
+    if (!hook || hook_pid != getpid())
+        return Qnil;
+    uint64_t min_ns = (uint64_t)(min * 1e9);
+    uint64_t now = now_ns(CLOCK_MONOTONIC);
+    int g = atomic_load(&gen);
+    long n = 0;
+    for (int i = 0; i < SV_GVL_SLOTS; i++) {
+        sv_gvl_slot *s = &slots[i];
+        if (!atomic_load_explicit(&s->used, memory_order_relaxed) || s->gen != g || !s->in_request)
+            continue;
+        uint64_t at = s->req_at, since = s->since, idle0 = s->req_idle0;
+        int state = s->state;
+        if (at == 0 || now <= at)
+            continue;
+        uint64_t total = atomic_load_explicit(&s->ns[SV_GVL_IDLE], memory_order_relaxed);
+        uint64_t idle = total > idle0 ? total - idle0 : 0;
+        if (state == SV_GVL_IDLE && now > since && since >= at)
+            idle += now - since;
+        if (idle >= min_ns && idle * 4 >= (now - at) * 3)
+            n++;
+    }
+    return LONG2NUM(n);
 }
 
 static VALUE gvl_trace_start(VALUE mod)
@@ -430,8 +470,11 @@ int sv_gvl_mark(int in_request, uint64_t out[4])
             seg_add(s, 0, dt);
         s->since = now;
     }
-    if (in_request)
+    if (in_request) {
         s->nseg = 0;
+        s->req_at = now;
+        s->req_idle0 = atomic_load_explicit(&s->ns[SV_GVL_IDLE], memory_order_relaxed);
+    }
     s->in_request = in_request;
     out[0] = atomic_load_explicit(&s->ns[SV_GVL_RUN], memory_order_relaxed);
     out[1] = atomic_load_explicit(&s->ns[SV_GVL_IDLE], memory_order_relaxed);
@@ -555,6 +598,12 @@ static VALUE gvl_nil(VALUE mod)
 {
     return Qnil;
 }
+
+static VALUE gvl_idle_nil(VALUE mod, VALUE min_seconds)
+{
+    (void)min_seconds;
+    return Qnil;
+}
 #endif
 
 void sv_init_gvl(VALUE mNative)
@@ -579,11 +628,13 @@ void sv_init_gvl(VALUE mNative)
     rb_define_singleton_method(m, "global", gvl_global, 0);
     rb_define_singleton_method(m, "trace_start", gvl_trace_start, 0);
     rb_define_singleton_method(m, "trace_stop", gvl_trace_stop, 0);
+    rb_define_singleton_method(m, "idle_in_request", gvl_idle_in_request, 1);
 #else
     rb_define_singleton_method(m, "enable", gvl_false, 0);
     rb_define_singleton_method(m, "enabled?", gvl_false, 0);
     rb_define_singleton_method(m, "global", gvl_nil, 0);
     rb_define_singleton_method(m, "trace_start", gvl_unsupported, 0);
     rb_define_singleton_method(m, "trace_stop", gvl_unsupported, 0);
+    rb_define_singleton_method(m, "idle_in_request", gvl_idle_nil, 1);
 #endif
 }

@@ -18,12 +18,21 @@ module Serval
       workers = "* Workers: #{options[:workers]} (#{source(options, :workers)})"
       workers += ", preload: #{preload}" unless preload.nil?
       out = ["* Environment: #{options[:environment]} (#{source(options, :environment)})",
-             "* Threads: #{options[:min_threads]}..#{options[:max_threads]} (#{threads_source(options)})",
+             threads_line(options),
              workers,
              "* Binds: #{options[:binds].join(', ')} (#{source(options, :binds)})"]
       plugins = options.fetch(:plugins, [])
       out << "* Plugins: #{plugins.join(', ')} (#{source(options, :plugins)})" unless plugins.empty?
       out
+    end
+
+    def threads_line(options)
+      unless options[:threads_auto]
+        return "* Threads: #{options[:min_threads]}..#{options[:max_threads]} (#{threads_source(options)})"
+      end
+
+      "* Threads: auto, starting at #{options[:max_threads]}, within #{[options[:min_threads], 1].max}.." \
+        "#{options[:threads_auto_max]} (#{source(options, :threads_auto)})"
     end
 
     def threads_source(options)

@@ -33,7 +33,10 @@ module Serval
       "--drain-timeout" => [:drain_timeout, "SEC", "Graceful stop: time for in-flight requests"],
       "--thread-idle-timeout" => [:thread_idle_timeout, "SEC", "Idle time before a thread above min exits"],
       "--backlog" => [:backlog, "N", "listen(2) backlog for binds without ?backlog="],
-      "--tmpdir" => [:tmpdir, "DIR", "Where large bodies are spilled"]
+      "--tmpdir" => [:tmpdir, "DIR", "Where large bodies are spilled"],
+      "--max-io-threads" => [:max_io_threads, "N", "I/O lane: threads above max while requests idle in flight (0: off)"],
+      "--io-lane-idle" => [:io_lane_idle, "SEC", "I/O lane: idle time after which a request counts as idle"],
+      "--auto-interval" => [:auto_interval, "SEC", "threads auto: seconds between measurements"]
     }.freeze
 
     def initialize(argv, stdout: $stdout, stderr: $stderr)
@@ -113,7 +116,8 @@ module Serval
     def basic_options(o)
       on(o, "-b", "--bind URI", "Listen on URI: tcp://HOST:PORT, unix://PATH (repeatable)") { |v| @dsl.bind(v) }
       on(o, "-p", "--port PORT", "Listen on tcp://0.0.0.0:PORT (repeatable)") { |v| @dsl.port(v) }
-      on(o, "-t", "--threads MIN:MAX", "Thread pool size (-t N means N:N; default 0:5 or $RAILS_MIN/MAX_THREADS)") { |v| threads(v) }
+      on(o, "-t", "--threads MIN:MAX", "Thread pool size (-t N means N:N; default 0:5 or $RAILS_MIN/MAX_THREADS); " \
+                                       "auto, auto:MAX or MIN:auto: set from measurement (docs/tuning.md)") { |v| threads(v) }
       on(o, "-e", "--environment ENV", "App environment (default $APP_ENV, $RACK_ENV, $RAILS_ENV or development)") { |v| @dsl.environment(v) }
       on(o, "-C", "--config FILE", "Config file (default config/serval.rb or config/puma.rb, docs/configuration.md; - for none)") { |v| @config_file = v }
       on(o, "--dir DIR", "Change to DIR before loading the app") { |v| @dsl.directory(v) }
@@ -164,7 +168,7 @@ module Serval
 
     def threads(value)
       min, max, extra = value.split(":", -1)
-      raise ConfigError, "threads: expected MIN:MAX or N, got #{value.inspect}" if extra || min.nil?
+      raise ConfigError, "threads: expected MIN:MAX, N, auto, auto:MAX or MIN:auto, got #{value.inspect}" if extra || min.nil?
 
       @dsl.threads(min, max || min)
     end

@@ -22,7 +22,12 @@ module Serval
     DEFAULTS = {
       binds: ["tcp://0.0.0.0:9292"].freeze,
       min_threads: 0,
-      max_threads: 5,
+      max_threads: 5,             # with threads_auto: the count it starts from
+      threads_auto: false,        # threads :auto / -t auto / RAILS_MAX_THREADS=auto (docs/tuning.md)
+      threads_auto_max: 16,       # the most threads auto may set (-t auto:MAX)
+      auto_interval: 5.0,         # seconds between auto's measurements
+      max_io_threads: 0,          # the I/O lane: threads above max while requests idle in flight; 0: off
+      io_lane_idle: 0.5,          # a request idle this long (and 3/4 of its time) counts for the lane
       environment: "development", # or $APP_ENV, $RACK_ENV, $RAILS_ENV (EnvConfig)
       rackup: "config.ru",
       directory: nil,
@@ -93,6 +98,11 @@ module Serval
       binds: [:binds],
       min_threads: [:int, 0, 4096],
       max_threads: [:int, 1, 4096],
+      threads_auto: [:bool],
+      threads_auto_max: [:int, 1, 4096],
+      auto_interval: [:seconds, 0.05, 3600.0],
+      max_io_threads: [:int, 0, 4096],
+      io_lane_idle: [:seconds, 0.01, 3600.0],
       environment: [:string],
       rackup: [:string],
       directory: [:string_or_nil],
@@ -200,6 +210,7 @@ module Serval
       raise ConfigError, "unknown option `#{unknown.first}`" unless unknown.empty?
 
       out = hash.to_h { |key, value| [key, coerce(key, value)] }
+      settle_auto(out)
       check_relations(out)
       out.each_value { |v| v.freeze unless v.is_a?(Proc) || v.respond_to?(:call) }
       out.freeze
@@ -210,7 +221,26 @@ module Serval
       (options[:sources] || {}).fetch(key, "unknown")
     end
 
+    # threads :auto starts from max_threads (the default 5, RAILS_MAX_THREADS
+    # or a config file's count), kept within min_threads..threads_auto_max.
+    # It measures with the timing figures, so it needs them on.
+    def self.settle_auto(opts)
+      return unless opts[:threads_auto]
+
+      cap = opts[:threads_auto_max]
+      if opts[:min_threads] > cap
+        raise ConfigError, "threads_auto_max: must be >= min_threads (#{opts[:min_threads]}, " \
+                           "#{source(opts, :min_threads)}), got #{cap} (#{source(opts, :threads_auto_max)})"
+      end
+      raise ConfigError, "threads: auto needs timing (it measures with it); remove `timing false`" unless opts[:timing]
+
+      opts[:max_threads] = opts[:max_threads].clamp([opts[:min_threads], 1].max, cap)
+    end
+
     def self.check_relations(opts)
+      if opts[:max_io_threads].positive? && !opts[:timing]
+        raise ConfigError, "max_io_threads: the I/O lane measures idle requests with timing; remove `timing false`"
+      end
       if opts[:worker_timeout] <= opts[:worker_check_interval]
         raise ConfigError, "worker_timeout (#{opts[:worker_timeout]}) must be > worker_check_interval " \
                            "(#{opts[:worker_check_interval]})"

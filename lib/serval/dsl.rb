@@ -34,6 +34,7 @@ module Serval
       output_buffer output_budget max_spill max_keepalive_requests min_body_rate max_queue_time tmpdir
       drain_timeout thread_idle_timeout backlog environment rackup directory pidfile tag state_path metrics_bind
       control_url control_auth_token error_log_limit gvl_balance gvl_balance_interval agent_check_url
+      threads_auto_max auto_interval max_io_threads io_lane_idle
     ].freeze
 
     DEFAULT_HOST = "0.0.0.0"
@@ -111,13 +112,31 @@ module Serval
       bind("tcp://#{host}:#{port}")
     end
 
+    # threads MIN, MAX; threads :auto (Serval picks the count, docs/tuning.md);
+    # threads MIN, :auto; threads :auto, MAX (auto, at most MAX).
     def threads(min, max = min)
+      return auto_threads(min, max) if auto?(min) || auto?(max)
+
       min = Configuration.coerce(:min_threads, min, name: "threads: min")
       max = Configuration.coerce(:max_threads, max, name: "threads: max")
       raise ConfigError, "threads: min (#{min}) must be <= max (#{max})" if min > max
 
       store(:min_threads, min)
       store(:max_threads, max)
+      store(:threads_auto, false) # a count given here wins over an auto from a lower layer
+    end
+
+    def auto_threads(min, max)
+      if auto?(min) && !auto?(max)
+        store(:threads_auto_max, Configuration.coerce(:threads_auto_max, max, name: "threads: auto:MAX"))
+      elsif !auto?(min)
+        store(:min_threads, Configuration.coerce(:min_threads, min, name: "threads: min"))
+      end
+      store(:threads_auto, true)
+    end
+
+    def auto?(value)
+      value.to_s == "auto"
     end
 
     def log_requests(value = true)

@@ -33,6 +33,11 @@ module Serval
         name = names.find { |n| !env[n].to_s.strip.empty? }
         next unless name
 
+        if key == :max_threads && env[name].strip == "auto" # threads :auto (docs/tuning.md)
+          options[:threads_auto] = true
+          sources[:threads_auto] = "env #{name}"
+          next
+        end
         options[key] = coerce(key, name, env[name].strip)
         sources[key] = "env #{name}"
       end

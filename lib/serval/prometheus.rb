@@ -52,6 +52,25 @@ module Serval
       }]
     }.freeze
 
+    # stat key holding a Hash => {field => [metric name, type, help]}; a
+    # String field (`reason`) becomes the label of an info metric (value 1).
+    GROUPS = {
+      auto: {
+        target_threads: ["serval_threads_target", :gauge, "Threads threads :auto has set (docs/tuning.md)"],
+        min_threads: ["serval_threads_auto_min", :gauge, "The fewest threads auto may set"],
+        max_threads: ["serval_threads_auto_max", :gauge, "The most threads auto may set"],
+        changes: ["serval_threads_auto_changes_total", :counter, "Thread count changes made by auto"],
+        model_threads: ["serval_threads_model_knee", :gauge, "The knee of the model auto last ran"],
+        change_reason: ["serval_threads_auto_info", :gauge, "Why auto last changed the thread count (label reason)"]
+      },
+      io_lane: {
+        max_io_threads: ["serval_max_io_threads", :gauge, "Most threads the I/O lane may add above max_threads"],
+        idle_requests: ["serval_io_idle_requests", :gauge, "Requests in flight measured idle (the lane's signal)"],
+        lane_threads: ["serval_io_lane_threads", :gauge, "Threads the I/O lane allows above max_threads now"],
+        peak_lane_threads: ["serval_io_lane_threads_peak", :gauge, "Most threads the I/O lane has allowed at once"]
+      }
+    }.freeze
+
     # Per-worker figures taken from worker_status entries (not last_status).
     WORKER = {
       booted: ["serval_worker_booted", :gauge, "1 when the worker has booted"],
@@ -82,6 +101,7 @@ module Serval
     def add_stats(families, stats, labels)
       stats.each do |key, value|
         next if key == :timing || key == :worker_status
+        next add_group(families, key, value, labels) if GROUPS.key?(key) && value.is_a?(Hash)
         next add_list(families, key, value, labels) if value.is_a?(Array)
         next unless value.is_a?(Numeric)
 
@@ -102,6 +122,17 @@ module Serval
 
           type, help = fields[field] || [:gauge, "Serval stat #{key} #{field}"]
           add(families, "#{prefix}_#{sanitize(field)}", type, help, entry_labels, value)
+        end
+      end
+    end
+
+    def add_group(families, key, hash, labels)
+      GROUPS[key].each do |field, (name, type, help)|
+        value = hash[field]
+        if value.is_a?(String)
+          add(families, name, type, help, labels.merge(reason: value), 1)
+        elsif value.is_a?(Numeric)
+          add(families, name, type, help, labels, value)
         end
       end
     end

@@ -31,6 +31,7 @@ module Serval
                                            idle_timeout: options[:thread_idle_timeout],
                                            log_writer: log_writer) { |req| @handler.call(req) }
       @error_log = ErrorLog.new(@core, log_writer, limit: options[:error_log_limit])
+      auto_parts(options, log_writer)
       @listeners = []
       @state = :new
       @mutex = Mutex.new
@@ -51,6 +52,8 @@ module Serval
       @error_log.start
       start_fairness
       @thread_pool.start
+      @tuner&.start
+      @io_lane&.start
       @state = :running
       self
     end
@@ -72,6 +75,7 @@ module Serval
       deadline = now + timeout.to_f
       @core.drain
       close_listeners
+      stop_auto
       @thread_pool.stop
       stragglers = @thread_pool.join(deadline)
       @core.shutdown([deadline - now, 0].max)
@@ -86,6 +90,7 @@ module Serval
     # Fast stop: close every connection now.
     def halt
       @core.drain
+      stop_auto
       @thread_pool.stop
       @core.shutdown(0)
       @thread_pool.kill unless @thread_pool.join(now + 1).empty?
@@ -109,6 +114,8 @@ module Serval
         h[:queue_wait_estimate] = s[:queue_wait_estimate] if s.key?(:queue_wait_estimate)
         h[:timing] = @handler.timing.stats if @handler.timing
         h[:fair_preemptions] = Fairness.preemptions if @fairness == :preempt
+        h[:auto] = @tuner.stats if @tuner
+        h[:io_lane] = @io_lane.stats if @io_lane
         pools = db_pools
         h[:db_pools] = pools if pools
       end
@@ -130,6 +137,25 @@ module Serval
     end
 
     private
+
+    # threads :auto (Auto::Tuner) and the I/O lane (Auto::IoLane), when
+    # configured; both run beside the pool and stop before it.
+    def auto_parts(options, log_writer)
+      if options[:threads_auto]
+        require "serval/auto/tuner"
+        @tuner = Auto::Tuner.new(self, @thread_pool, options, log_writer)
+      end
+      return unless options[:max_io_threads].to_i.positive?
+
+      require "serval/auto/io_lane"
+      @io_lane = Auto::IoLane.new(@thread_pool, max_io_threads: options[:max_io_threads],
+                                                idle_after: options[:io_lane_idle], log_writer: log_writer)
+    end
+
+    def stop_auto
+      @tuner&.stop
+      @io_lane&.stop
+    end
 
     def now
       Process.clock_gettime(Process::CLOCK_MONOTONIC)

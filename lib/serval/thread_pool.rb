@@ -10,8 +10,16 @@ module Serval
   # no other thread is left waiting, up to max; a thread idle for idle_timeout
   # exits while more than min remain. #resize changes min/max at run time (the
   # seam self-tuning uses); surplus threads leave after their current request.
+  #
+  # The I/O lane (#lane=, set by Auto::IoLane from the requests measured idle
+  # in flight) lets the pool run that many threads above max while those
+  # requests wait; when it drops, the threads above max + lane leave after
+  # their current request, and one waiting for work checks at least every
+  # LANE_WAIT seconds, so the pool returns to max without traffic.
   class ThreadPool
-    attr_reader :min, :max
+    LANE_WAIT = 1.0 # seconds a thread above max waits for work before it checks whether it is surplus
+
+    attr_reader :min, :max, :lane
 
     def initialize(core, min:, max:, idle_timeout:, log_writer:, &handler)
       @core = core
@@ -24,6 +32,7 @@ module Serval
       @threads = []
       @serial = 0
       @busy = 0
+      @lane = 0
       @stopping = false
     end
 
@@ -42,9 +51,23 @@ module Serval
         spawn_locked while @threads.size < floor && !@stopping
         # Requests may be queued behind busy threads: one more thread takes
         # one, and grows the pool further from there as usual.
-        spawn_locked if @core.waiting.zero? && @threads.size < @max && !@stopping
+        spawn_locked if @core.waiting.zero? && @threads.size < limit && !@stopping
       end
       self
+    end
+
+    # Extra threads allowed above max while requests in flight are idle
+    # (the I/O lane). Raising it starts one thread when none is waiting for
+    # work (it grows the pool further as usual); lowering it makes the
+    # threads above max + lane surplus.
+    def lane=(extra)
+      raise ArgumentError, "lane must be >= 0" if extra.negative?
+
+      @mutex.synchronize do
+        raised = extra > @lane
+        @lane = extra
+        spawn_locked if raised && @core.waiting.zero? && @threads.size < limit && !@stopping
+      end
     end
 
     def spawned
@@ -58,7 +81,7 @@ module Serval
     def stats
       @mutex.synchronize do
         { running: @threads.size, busy_threads: @busy, max_threads: @max, min_threads: @min,
-          pool_capacity: @max - @busy }
+          pool_capacity: limit - @busy, io_lane_threads: @lane }
       end
     end
 
@@ -91,6 +114,10 @@ module Serval
       [@min, 1].max
     end
 
+    def limit
+      @max + @lane
+    end
+
     def spawn_locked
       @serial += 1
       thread = Threads.spawn("serval-worker-#{@serial}", @log_writer) { work }
@@ -100,9 +127,10 @@ module Serval
     def work
       Fairness.apply(Thread.current) # docs/tuning.md "Fairness"; Server#run set this process's slice
       loop do
-        request = @core.next(@idle_timeout)
+        wait = @threads.size > @max ? [LANE_WAIT, @idle_timeout].min : @idle_timeout
+        request = @core.next(wait)
         if request.nil?
-          break if @stopping || leave_when_idle?
+          break if @stopping || leave_when_idle?(wait)
 
           next
         end
@@ -120,17 +148,20 @@ module Serval
     end
 
     def grow
-      @mutex.synchronize { spawn_locked if @threads.size < @max && !@stopping }
+      @mutex.synchronize { spawn_locked if @threads.size < limit && !@stopping }
     end
 
-    def leave_when_idle?
+    # After a wait of `waited` seconds with no work: leave when surplus, or
+    # after a full idle_timeout while more than min remain.
+    def leave_when_idle?(waited)
       @mutex.synchronize do
-        @stopping || (@threads.size > floor && @threads.delete(Thread.current) && true)
+        leave = @threads.size > limit || (waited >= @idle_timeout && @threads.size > floor)
+        @stopping || (leave && @threads.delete(Thread.current) && true)
       end
     end
 
     def surplus?
-      @mutex.synchronize { @threads.size > @max && @threads.delete(Thread.current) && true }
+      @mutex.synchronize { @threads.size > limit && @threads.delete(Thread.current) && true }
     end
   end
 end

@@ -1,0 +1,173 @@
+# frozen_string_literal: true
+
+require "json"
+require_relative "advice"
+
+module Bench
+  module Workloads
+    # Issue #10's check of `threads :auto`: on bench/apps/advice.ru with the
+    # stand-in database (as `advice`), per CPU share (70 and 35 %):
+    #
+    # 1. closed loop, 16 wrk connections, fixed thread counts 2..8 (a fresh
+    #    server each, 1 s warm-up, BENCH_DURATION, median of rounds);
+    # 2. the same load against `-t auto`: one server, BENCH_AUTO_WARMUP
+    #    seconds of the load for the controller to settle, then the same
+    #    measurement rounds back to back; the thread count it chose and its
+    #    log lines are kept;
+    # 3. with BENCH_AUTO_OPEN=1, open-loop Poisson arrivals at 80 % of the
+    #    best fixed req/s: p99 at each fixed count and with auto (whose
+    #    open-loop warm-up is BENCH_AUTO_WARMUP, not counted).
+    #
+    # Done (issue 10): auto >= 95 % of the best fixed req/s; open-loop p99
+    # within 10 % of the best fixed count's.
+    class Auto < Advice
+      register "auto"
+
+      def name = "auto"
+      def shares = ENV.fetch("BENCH_AUTO_SHARES", "0.7,0.35").split(",").map { |s| Float(s) }
+      def fixed = ENV.fetch("BENCH_AUTO_THREADS", "2,3,4,5,6,7,8").split(",").map { |s| Integer(s) }
+      def clients = Integer(ENV.fetch("BENCH_AUTO_CLIENTS", "16"))
+      def auto_warmup = Integer(ENV.fetch("BENCH_AUTO_WARMUP", "40"))
+      def auto_flags = ENV.fetch("BENCH_AUTO_FLAGS", "").split
+      def open? = ENV["BENCH_AUTO_OPEN"] == "1"
+      def rounds = [ctx.rounds, 1].max
+
+      def description
+        "threads auto vs fixed #{fixed.first}..#{fixed.last} threads, closed loop with #{clients} clients " \
+          "(median of #{rounds}), #{request_ms.round} ms requests at CPU share " \
+          "#{shares.map { |s| "#{(s * 100).round} %" }.join(', ')} with #{queries} database round trips" \
+          "#{open? ? '; open-loop p99 at 80 % of the best' : ''}"
+      end
+
+      def run(servers)
+        server = select(servers).first or return skipped
+        db_path = File.join(ctx.scratch, "fake_db.sock")
+        db = start_db(db_path)
+        per_share = shares.map { |share| measure_auto(server, share, db_path) }
+        { "name" => name, "description" => description,
+          "servers" => { "serval" => { "version" => server.version, "shares" => per_share } },
+          "ratio" => nil, "pick" => "median of #{rounds} rounds",
+          "check" => { "target" => "auto >= 95 % of the best fixed req/s; open-loop p99 within 10 % of the best fixed",
+                       "ok" => per_share.all? { |s| s["ok"] } } }
+      ensure
+        Util.stop(db) if db
+      end
+
+      def measure_auto(server, share, db_path)
+        runs = Hash.new { |h, k| h[k] = [] }
+        rounds.times do |round|
+          (round.even? ? fixed : fixed.reverse).each { |t| runs[t] << closed_c(server, share, db_path, t) }
+        end
+        sweep = fixed.map { |t| { "threads" => t, "rps" => median(runs[t].map { |r| r["rps"] }) } }
+        best = sweep.max_by { |r| r["rps"] }
+        auto = auto_closed(server, share, db_path)
+        ratio = auto["rps"] / best["rps"]
+        ctx.log format("auto: cpu %.2f best fixed %d threads %.1f req/s; auto %.1f req/s (%.3f) at %s threads",
+                       share, best["threads"], best["rps"], auto["rps"], ratio, auto["threads"].inspect)
+        open = open? ? open_compare(server, share, db_path, best["rps"]) : nil
+        ok = ratio >= 0.95 && (open.nil? || open["ok"])
+        { "share" => share, "sweep" => sweep, "best" => best, "auto" => auto, "ratio" => ratio, "open_loop" => open,
+          "ok" => ok }
+      end
+
+      def closed_c(server, share, db_path, threads)
+        with_db_server(server, db_path, threads) do |proc|
+          url = "http://127.0.0.1:#{proc.port}#{path(share)}"
+          Wrk.run(ctx, url, duration: warmup, connections: clients)
+          f = Wrk.run(ctx, url, duration: ctx.duration, connections: clients)
+          ctx.log format("auto: cpu %.2f fixed %d threads: %.1f req/s p99 %s", share, threads, f["rps"], fmt_ms(f["p99_ms"]))
+          { "rps" => f["rps"], "p99_ms" => f["p99_ms"] }
+        end
+      end
+
+      # One auto server: settle under the load, then `rounds` measurements.
+      def auto_closed(server, share, db_path)
+        with_auto_server(server, db_path) do |proc, control|
+          url = "http://127.0.0.1:#{proc.port}#{path(share)}"
+          Wrk.run(ctx, url, duration: auto_warmup, connections: clients)
+          list = Array.new(rounds) { Wrk.run(ctx, url, duration: ctx.duration, connections: clients) }
+          auto = control.call
+          lines = File.readlines(proc.log_path).grep(/threads: \d+ -> \d+/).map(&:strip)
+          rps = median(list.map { |f| f["rps"] })
+          ctx.log format("auto: cpu %.2f auto: %.1f req/s (rounds %s), target %s; %d changes", share, rps,
+                         list.map { |f| f["rps"].round(1) }.inspect, auto&.dig("target_threads").inspect, lines.size)
+          { "rps" => rps, "rounds" => list.map { |f| f["rps"] }, "threads" => auto&.dig("target_threads"),
+            "reason" => auto&.dig("reason"), "log" => lines, "command" => list.first["command"] }
+        end
+      end
+
+      def open_compare(server, share, db_path, best_rps)
+        rate = (0.8 * best_rps).round(1)
+        point = { "rate" => rate }
+        per = fixed.map do |t|
+          m = open_run(server, share, db_path, t, point, 1)
+          ctx.log format("auto: cpu %.2f open %.1f req/s fixed %d: p99 %.1f ms", share, rate, t, m["p99_ms"].to_f)
+          { "threads" => t, "p99_ms" => m["p99_ms"], "p50_ms" => m["p50_ms"], "completed" => m["completed"] }
+        end
+        best = per.min_by { |r| r["p99_ms"] || Float::INFINITY }
+        auto = open_auto(server, share, db_path, rate)
+        ok = auto["p99_ms"] && best["p99_ms"] && auto["p99_ms"] <= 1.1 * best["p99_ms"]
+        ctx.log format("auto: cpu %.2f open %.1f req/s: best fixed %d p99 %.1f ms, auto p99 %.1f ms at %s threads",
+                       share, rate, best["threads"], best["p99_ms"].to_f, auto["p99_ms"].to_f, auto["threads"].inspect)
+        { "rate" => rate, "fixed" => per, "best" => best, "auto" => auto, "ok" => ok ? true : false }
+      end
+
+      def open_auto(server, share, db_path, rate)
+        with_auto_server(server, db_path) do |proc, control|
+          url = "http://127.0.0.1:#{proc.port}#{path(share)}"
+          argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), "--url", url,
+                                 "--rate", rate.to_s, "--duration", open_seconds.to_s, "--warmup", auto_warmup.to_s])
+          status, out, timed_out = Util.capture(argv, timeout: open_seconds + auto_warmup + 60)
+          raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
+
+          m = JSON.parse(out.lines.last)
+          { "p99_ms" => m["p99_ms"], "p50_ms" => m["p50_ms"], "completed" => m["completed"],
+            "threads" => control.call&.dig("target_threads") }
+        end
+      end
+
+      def with_auto_server(server, db_path)
+        control_port = Util.free_port
+        token = AdviceSource.token
+        extra = ["--control-url", "tcp://127.0.0.1:#{control_port}", "--control-token", token, *auto_flags]
+        proc = AutoServer.new(server, app: app_path("advice.ru"), port: Util.free_port, threads: "auto",
+                              extra: extra, db: db_path).start
+        proc.wait_ready(path: "/")
+        control = lambda do
+          res = HTTP.get("127.0.0.1", control_port, "/stats?token=#{token}", timeout: 10)
+          res.status == 200 ? JSON.parse(res.body)["auto"] : nil
+        rescue SystemCallError, IOError, JSON::ParserError, HTTP::Timeout
+          nil
+        end
+        yield proc, control
+      ensure
+        proc&.stop
+      end
+
+      def table(result)
+        rows = [["CPU share", "best fixed (threads: req/s)", "auto req/s", "auto / best", "auto threads",
+                 "open p99 best fixed", "open p99 auto", "ok"]]
+        notes = []
+        result.dig("servers", "serval", "shares").to_a.each do |s|
+          o = s["open_loop"]
+          rows << ["#{(s['share'] * 100).round} %", format("%d: %s", s["best"]["threads"], fmt_rps(s["best"]["rps"])),
+                   fmt_rps(s["auto"]["rps"]), format("%.3f", s["ratio"]), s["auto"]["threads"].inspect,
+                   o ? format("%d: %.0f ms", o["best"]["threads"], o["best"]["p99_ms"].to_f) : "-",
+                   o ? format("%.0f ms", o["auto"]["p99_ms"].to_f) : "-", s["ok"] ? "yes" : "no"]
+          notes << "#{(s['share'] * 100).round} % sweep: " + s["sweep"].map { |r| format("%d: %s", r["threads"], fmt_rps(r["rps"])) }.join(", ")
+          notes << "#{(s['share'] * 100).round} % auto log: #{s['auto']['log'].join(' | ')}"
+        end
+        [rows, notes]
+      end
+    end
+
+    # Serval at -t auto, without -q: its `threads: a -> b (...)` lines are
+    # info lines, which -q silences.
+    class AutoServer < AdviceServer
+      def initialize(*, **)
+        super
+        @command.delete("-q")
+      end
+    end
+  end
+end

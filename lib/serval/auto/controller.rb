@@ -1,0 +1,246 @@
+# frozen_string_literal: true
+
+module Serval
+  module Auto
+    # One interval of one process, as the controller sees it (seconds, shares
+    # 0..1). Built by Sampler from the server's counters, or by tests.
+    #
+    #   seconds     the interval's length
+    #   requests    requests completed in it
+    #   threads     the thread count (max threads) it ran with
+    #   queue_p90   90th percentile of the time a request waited for a thread
+    #   queue_mean  its mean
+    #   stall_mean  mean time a request waited for the GVL (0 on Ruby 3.1: unknown)
+    #   stall_p95   95th percentile of the same
+    #   wall_mean   mean time from app call to response handed over
+    #   gvl         share of the interval some thread held the GVL (Ruby 3.1: process CPU)
+    #   pool        the smallest database pool's size; nil without Active Record
+    #   pool_name   its name, for the reason
+    Measurement = Struct.new(:seconds, :requests, :threads, :queue_p90, :queue_mean, :stall_mean, :stall_p95,
+                             :wall_mean, :gvl, :pool, :pool_name, keyword_init: true) do
+      def rps = seconds.positive? ? requests / seconds : 0.0
+
+      # Mean time from a request's arrival in Serval to its response.
+      def latency = (queue_mean || queue_p90).to_f + wall_mean.to_f
+    end
+
+    # What the controller decided after one measurement: `target` threads
+    # (changed: it differs from the threads the measurement ran with), and
+    # why, in one line.
+    Decision = Struct.new(:target, :from, :changed, :reason, keyword_init: true)
+
+    # Moves a process's thread count from measurements; a pure object (no
+    # clock, no server), fed one Measurement per interval and, now and then,
+    # the model's prediction (Auto::Model: closed-loop req/s and stall for
+    # 1..N threads from the window's requests).
+    #
+    # Each interval gives a vote (up, down, hold) with a target:
+    #
+    # - up when requests queue (queue p90 above `queue_target`) and the model
+    #   puts its target above the count (target: the fewest threads reaching
+    #   `fraction` of the model's best, plus `margin`),
+    #   or, without a model, the GVL has headroom (held < `gvl_headroom`) and
+    #   the stall is low (mean < `stall_share` of wall): one more;
+    # - down when stall grew without gain: a thread fewer served as many
+    #   req/s (measured, within `down_gain`, at this workload) with less stall
+    #   and no longer latency (queue + wall: under open-loop arrivals req/s
+    #   is the arrival rate and a thread's gain is a shorter wait); or the
+    #   model puts the count `slack` threads past its target while
+    #   requests stall (mean > `stall_share` of wall);
+    # - hold otherwise, with too few requests, or in the `cooldown` intervals
+    #   right after a change (the first straddles it).
+    #
+    # A change needs `agree` consecutive votes the same way, moves at most
+    # `step` threads, stays within [min, max] and never passes the database
+    # pool (a pool below the current count is applied at once). A count that
+    # was measured to add nothing becomes a ceiling for `memory` intervals
+    # and then for as long as the model's target stays what it was, so the
+    # model cannot push the count back up into it (no oscillation); measured
+    # figures are forgotten after `memory` intervals, so a changed workload
+    # is measured afresh.
+    class Controller
+      DEFAULTS = {
+        agree: 2,             # consecutive votes the same way before a change
+        cooldown: 1,          # intervals ignored after a change
+        step: 2,              # most threads added or removed at once
+        min_requests: 30,     # fewer requests in an interval: hold
+        queue_target: 0.005,  # queue p90 above this: requests are waiting for a thread
+        gvl_headroom: 0.85,   # without a model: GVL held below this share is headroom
+        stall_share: 0.25,    # stall mean above this share of wall: requests stall
+        down_gain: 0.01,      # down: a measured thread that added less than this share is removed
+        fraction: 0.97,       # model target: fewest threads reaching this share of its best ...
+        margin: 1,            # ... plus this many (the model's knee sits ~1 below the measured one:
+                              # docs/benchmarks.md "Concurrency advice")
+        slack: 2,             # model-driven down: only this many threads past its target
+        memory: 30            # intervals a measured figure or ceiling is kept
+      }.freeze
+
+      # reason: the latest interval's (a hold says why it held);
+      # change_reason: the last change's (nil before the first).
+      attr_reader :target, :min, :max, :reason, :change_reason, :settings
+
+      def initialize(min:, max:, initial:, **settings)
+        unknown = settings.keys - DEFAULTS.keys
+        raise ArgumentError, "unknown controller setting(s): #{unknown.join(', ')}" if unknown.any?
+        raise ArgumentError, "min must be >= 1 and <= max" unless min.is_a?(Integer) && min >= 1 && min <= max
+
+        @min = min
+        @max = max
+        @s = DEFAULTS.merge(settings)
+        @settings = @s
+        @target = initial.clamp(min, max)
+        @reason = "starting at #{@target} threads"
+        @change_reason = nil
+        @votes = []
+        @quiet = 0       # intervals left in cooldown
+        @tick = 0
+        @seen = {}       # threads => [rps, stall_mean, tick, latency] measured while requests queued
+        @ceiling = nil   # [threads, until tick, the model's target when set]
+        @want = nil      # the model's latest target
+      end
+
+      # m: a Measurement; model: nil or {rps: [..], stall: [..]} for 1..N threads.
+      def observe(m, model: nil)
+        @tick += 1
+        from = m.threads || @target
+        cap, cap_reason = upper(m)
+        if @target > cap
+          return change(from, cap, "#{cap_reason}#{figures(m)}")
+        end
+
+        remember(m)
+        if @quiet.positive?
+          @quiet -= 1
+          return hold(from, "cooldown after the last change#{figures(m)}")
+        end
+
+        dir, want, why = vote(m, model, cap)
+        @votes << dir
+        @votes.shift while @votes.size > @s[:agree]
+        agreed = dir != :hold && @votes.size == @s[:agree] && @votes.uniq == [dir]
+        return hold(from, "#{why}#{figures(m)}") unless agreed
+
+        to = dir == :up ? [want, @target + @s[:step]].min : [want, @target - @s[:step]].max
+        change(from, to.clamp(@min, cap), "#{why}#{figures(m)}")
+      end
+
+      private
+
+      def upper(m)
+        return [@max, "max #{@max}"] unless m.pool && m.pool < @max
+
+        pool = [m.pool, @min].max
+        [pool, "database pool #{m.pool_name ? "#{m.pool_name} " : ''}has #{m.pool} connections"]
+      end
+
+      def vote(m, model, cap)
+        n = @target
+        if m.requests < @s[:min_requests]
+          return [:hold, n, "#{m.requests} requests in the interval, need #{@s[:min_requests]}"]
+        end
+
+        down = measured_down(m, n)
+        return down if down
+
+        queued = m.queue_p90.to_f > @s[:queue_target]
+        model ? model_vote(m, model, cap, queued) : plain_vote(m, cap, queued)
+      end
+
+      # "Down when stall grows without throughput gain", from what this
+      # process measured at n - 1 and n threads under the same queueing.
+      def measured_down(m, n)
+        below = @seen[n - 1]
+        here = @seen[n]
+        return nil unless below && here && n > @min
+        return nil unless here[0] < below[0] * (1 + @s[:down_gain]) && here[1] > below[1] &&
+                          here[3] > below[3] * (1 - @s[:down_gain])
+
+        @ceiling = [n - 1, @tick + @s[:memory], @want]
+        [:down, n - 1, format("%d threads served %.1f req/s, %d served %.1f with less stall (%.1f vs %.1f ms)",
+                              n, here[0], n - 1, below[0], below[1] * 1e3, here[1] * 1e3)]
+      end
+
+      def model_vote(m, model, cap, queued)
+        n = @target
+        rps = model[:rps].map(&:to_f)
+        top = [cap, rps.size].min
+        best = rps[0, top].max
+        knee = (1..top).find { |t| rps[t - 1] >= @s[:fraction] * best } || top
+        @want = (knee + @s[:margin]).clamp(@min, top)
+        want = [@want, ceiling].min
+        here = rps[[n, rps.size].min - 1]
+        if queued && want > n
+          gain = rps[want - 1] / here - 1
+          return [:up, want, format("requests queue; the model gives %d threads %.0f req/s (+%d %%, knee %d)",
+                                    want, rps[want - 1], (gain * 100).round, knee)]
+        end
+        if n >= want + @s[:slack] && stalling?(m)
+          return [:down, want, format("the model gives %d threads %.0f req/s, as many as %d (%.0f) with less stall",
+                                      want, rps[want - 1], n, here)]
+        end
+        [:hold, n, format("the model puts the knee at %d threads (target %d)", knee, want)]
+      end
+
+      def plain_vote(m, cap, queued)
+        n = @target
+        return [:hold, n, "no queue"] unless queued
+        return [:hold, n, "at the bound (#{cap})"] if n >= [cap, ceiling].min
+        return [:hold, n, "GVL busy"] unless m.gvl.to_f < @s[:gvl_headroom]
+        return [:hold, n, "requests stall"] if stalling?(m)
+
+        [:up, n + 1, "requests queue while the GVL has headroom"]
+      end
+
+      def stalling?(m)
+        m.wall_mean.to_f.positive? && m.stall_mean.to_f > @s[:stall_share] * m.wall_mean
+      end
+
+      # A count measured to add nothing stays the ceiling for `memory`
+      # intervals, and after that for as long as the model's target is the
+      # one it was set under (the workload has not changed).
+      def ceiling
+        return @max unless @ceiling
+        return @ceiling[0] if @tick <= @ceiling[1] || (@ceiling[2] && @ceiling[2] == @want)
+
+        @ceiling = nil
+        @max
+      end
+
+      # Throughput and stall at a thread count, kept only while requests
+      # queued (otherwise req/s measures the clients, not the threads).
+      def remember(m)
+        @seen.delete_if { |_, v| v[2] < @tick - @s[:memory] }
+        return unless m.threads && m.requests >= @s[:min_requests] && m.queue_p90.to_f > @s[:queue_target]
+
+        now = [m.rps, m.stall_mean.to_f, @tick, m.latency]
+        old = @seen[m.threads]
+        now = [(old[0] + now[0]) / 2, (old[1] + now[1]) / 2, @tick, (old[3] + now[3]) / 2] if old
+        @seen[m.threads] = now
+      end
+
+      def hold(from, why)
+        @reason = why
+        Decision.new(target: @target, from: from, changed: false, reason: why)
+      end
+
+      def change(from, to, why)
+        return hold(from, why) if to == @target
+
+        @target = to
+        @reason = why
+        @change_reason = why
+        @votes.clear
+        @quiet = @s[:cooldown]
+        Decision.new(target: to, from: from, changed: true, reason: why)
+      end
+
+      def figures(m)
+        parts = [format("queue p90 %.0f ms", m.queue_p90.to_f * 1e3)]
+        parts << format("gvl %d %%", (m.gvl * 100).round) if m.gvl
+        parts << format("stall p95 %.0f ms", m.stall_p95 * 1e3) if m.stall_p95
+        parts << format("%.0f req/s", m.rps)
+        "; #{parts.join(', ')}"
+      end
+    end
+  end
+end

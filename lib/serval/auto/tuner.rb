@@ -1,0 +1,130 @@
+# frozen_string_literal: true
+
+require "time"
+require "serval/threads"
+require "serval/auto/controller"
+require "serval/auto/sampler"
+require "serval/auto/model"
+
+module Serval
+  module Auto
+    # `threads :auto` in one process: a low-priority thread that, every
+    # `auto_interval` seconds, measures the interval (Sampler), refreshes the
+    # model every MODEL_EVERY intervals (Model, from Server#window), asks the
+    # Controller and applies its decision through ThreadPool#resize. Each
+    # change is one log line, `threads: 4 -> 5 (reason; figures)`, and #stats
+    # is what Server#stats shows under `auto:`.
+    class Tuner
+      MODEL_EVERY = 3   # intervals between model runs (the first as soon as the window allows)
+      PRIORITY = -3     # below request threads: the model's Ruby yields to them
+
+      def initialize(server, pool, options, log_writer)
+        @server = server
+        @pool = pool
+        @log_writer = log_writer
+        @interval = options[:auto_interval]
+        min = [options[:min_threads], 1].max
+        @controller = Controller.new(min: [min, options[:threads_auto_max]].min, max: options[:threads_auto_max],
+                                     initial: options[:max_threads])
+        @mutex = Mutex.new
+        @wake = ConditionVariable.new
+        @stopping = false
+        @changed_at = nil
+        @changes = 0
+        @model = nil
+        @model_at = nil
+        @ticks = 0
+        @last = nil
+      end
+
+      attr_reader :controller
+
+      def start
+        @pool.resize(@pool.min, @controller.target) if @pool.max != @controller.target
+        @sampler = Sampler.new
+        @thread = Threads.spawn("serval-auto", @log_writer) do
+          Thread.current.priority = PRIORITY
+          run
+        end
+        self
+      end
+
+      def stop
+        @mutex.synchronize do
+          @stopping = true
+          @wake.broadcast
+        end
+        @thread&.join(5)
+      end
+
+      def stats
+        @mutex.synchronize do
+          { target_threads: @controller.target, min_threads: @controller.min, max_threads: @controller.max,
+            reason: @controller.reason, change_reason: @controller.change_reason, changed_at: @changed_at&.utc&.iso8601(3), changes: @changes,
+            interval: @interval, model_threads: @model && knee(@model), model_at: @model_at&.utc&.iso8601(3) }
+        end
+      end
+
+      # One interval: measure, maybe model, decide, apply. Public for tests.
+      def tick
+        @ticks += 1
+        m = @sampler.sample(threads: @pool.max, pools: @server.db_pools)
+        refresh_model if @model.nil? || (@ticks % MODEL_EVERY).zero?
+        decision = @controller.observe(m, model: @model)
+        apply(decision) if decision.changed
+        @last = decision
+      end
+
+      private
+
+      def run
+        loop do
+          @mutex.synchronize do
+            deadline = now + @interval
+            until @stopping || (left = deadline - now) <= 0
+              @wake.wait(@mutex, left)
+            end
+          end
+          break if @stopping
+
+          begin
+            tick
+          rescue StandardError => e
+            @log_writer.exception(e, "threads: auto tick failed")
+          end
+        end
+      end
+
+      def refresh_model
+        window = @server.window
+        return unless window
+
+        model = Model.call(window, max: @controller.max)
+        return unless model
+
+        @mutex.synchronize do
+          @model = model
+          @model_at = Time.now
+        end
+      end
+
+      def apply(decision)
+        @pool.resize(@pool.min, decision.target)
+        @mutex.synchronize do
+          @changed_at = Time.now
+          @changes += 1
+        end
+        @log_writer.info("threads: #{decision.from} -> #{decision.target} (#{decision.reason})")
+      end
+
+      def knee(model)
+        best = model[:rps].max
+        (model[:rps].index { |r| r >= 0.97 * best } || 0) + 1
+      end
+
+      def now
+        Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      end
+    end
+  end
+end

@@ -1,0 +1,85 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "serval/cli"
+require "serval/dsl"
+require "serval/configuration"
+
+# threads :auto and the I/O lane's options: every spelling, and bad values
+# failing at boot with the option's name.
+class AutoConfigTest < Minitest::Test
+  def load(env: {}, file: nil, argv: nil)
+    cli = {}
+    sources = {}
+    if argv
+      c = Serval::CLI.new(argv, stdout: StringIO.new, stderr: StringIO.new)
+      c.send(:parse)
+      cli = c.instance_variable_get(:@cli)
+      sources = c.instance_variable_get(:@sources)
+    end
+    path = nil
+    if file
+      path = File.join(Dir.mktmpdir("serval-auto-"), "serval.rb")
+      File.write(path, file)
+    end
+    Serval::Configuration.load(cli: cli, cli_sources: sources, config_file: path || "-", env: env, warn: ->(_) {})
+  end
+
+  def auto(opts) = opts.values_at(:threads_auto, :min_threads, :max_threads, :threads_auto_max)
+
+  def test_defaults_are_off
+    opts = load
+    assert_equal [false, 0, 5, 16], auto(opts)
+    assert_equal [0, 0.5, 5.0], opts.values_at(:max_io_threads, :io_lane_idle, :auto_interval)
+  end
+
+  def test_cli_spellings
+    assert_equal [true, 0, 5, 16], auto(load(argv: %w[-t auto]))
+    assert_equal [true, 0, 3, 3], auto(load(argv: %w[-t auto:3])), "starts at 5, within the cap"
+    assert_equal [true, 0, 5, 12], auto(load(argv: %w[-t auto:12]))
+    assert_equal [true, 2, 5, 16], auto(load(argv: %w[-t 2:auto]))
+    assert_equal [true, 8, 8, 16], auto(load(argv: %w[-t 8:auto])), "starts at least at min"
+    assert_equal "flag -t", load(argv: %w[-t auto])[:sources][:threads_auto]
+    opts = load(argv: %w[--max-io-threads 20 --io-lane-idle 0.2 --auto-interval 2])
+    assert_equal [20, 0.2, 2.0], opts.values_at(:max_io_threads, :io_lane_idle, :auto_interval)
+  end
+
+  def test_config_file_spellings
+    assert_equal [true, 0, 5, 16], auto(load(file: "threads :auto"))
+    assert_equal [true, 1, 5, 16], auto(load(file: "threads 1, :auto"))
+    assert_equal [true, 0, 5, 10], auto(load(file: "threads :auto, 10"))
+    assert_equal [true, 0, 5, 6], auto(load(file: "threads :auto\nthreads_auto_max 6"))
+    assert_equal [4, 1.0], load(file: "max_io_threads 4\nio_lane_idle 1").values_at(:max_io_threads, :io_lane_idle)
+  end
+
+  def test_rails_max_threads_auto
+    opts = load(env: { "RAILS_MAX_THREADS" => "auto" })
+    assert_equal [true, 0, 5, 16], auto(opts)
+    assert_equal "env RAILS_MAX_THREADS", opts[:sources][:threads_auto]
+    # a number in the env is where auto starts when the file says auto
+    assert_equal [true, 0, 3, 16], auto(load(env: { "RAILS_MAX_THREADS" => "3" }, file: "threads :auto"))
+    # the command line wins over the env
+    assert_equal [false, 2, 2, 16], auto(load(env: { "RAILS_MAX_THREADS" => "auto" }, argv: %w[-t 2]))
+  end
+
+  def test_bad_values_name_the_option
+    e = assert_raises(Serval::ConfigError) { load(argv: %w[-t auto:0]) }
+    assert_match(/threads: auto:MAX: must be >= 1/, e.message)
+    e = assert_raises(Serval::ConfigError) { load(argv: %w[-t auto:lots]) }
+    assert_match(/threads: auto:MAX/, e.message)
+    e = assert_raises(Serval::ConfigError) { load(argv: %w[-t 9:auto:3]) }
+    assert_match(/threads: expected MIN:MAX, N, auto/, e.message)
+    e = assert_raises(Serval::ConfigError) { load(file: "threads 8, :auto\nthreads_auto_max 4") }
+    assert_match(/threads_auto_max: must be >= min_threads \(8/, e.message)
+    e = assert_raises(Serval::ConfigError) { load(file: "threads :auto\ntiming false") }
+    assert_match(/threads: auto needs timing/, e.message)
+    e = assert_raises(Serval::ConfigError) { load(file: "max_io_threads 2\ntiming false") }
+    assert_match(/max_io_threads: the I\/O lane measures/, e.message)
+    e = assert_raises(Serval::ConfigError) { load(argv: %w[--max-io-threads -1]) }
+    assert_match(/max_io_threads: must be >= 0/, e.message)
+    e = assert_raises(Serval::ConfigError) { load(argv: %w[--auto-interval 0]) }
+    assert_match(/auto_interval: must be >= 0.05/, e.message)
+    e = assert_raises(Serval::ConfigError) { load(env: { "RAILS_MAX_THREADS" => "automatic" }) }
+    assert_match(/RAILS_MAX_THREADS: expected an integer/, e.message)
+  end
+end

@@ -1,0 +1,143 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "serval/auto/controller"
+
+# The controller's rules one by one, on hand-made measurements.
+class AutoControllerTest < Minitest::Test
+  include Serval::Auto
+
+  def m(threads:, rps: 100.0, queue: 0.02, stall: 0.001, wall: 0.02, gvl: 0.5, pool: nil, pool_name: nil, seconds: 5.0)
+    Measurement.new(seconds: seconds, requests: (rps * seconds).round, threads: threads, queue_p90: queue,
+                    stall_mean: stall, stall_p95: stall * 2, wall_mean: wall, gvl: gvl, pool: pool, pool_name: pool_name)
+  end
+
+  def controller(**kw)
+    Controller.new(min: kw.delete(:min) || 1, max: kw.delete(:max) || 16, initial: kw.delete(:initial) || 4, **kw)
+  end
+
+  def test_one_vote_is_not_enough_two_agreeing_are
+    c = controller
+    d = c.observe(m(threads: 4))
+    refute d.changed
+    assert_equal 4, d.target
+    d = c.observe(m(threads: 4))
+    assert d.changed
+    assert_equal 5, d.target
+    assert_match(/requests queue while the GVL has headroom; queue p90 20 ms, gvl 50 %, stall p95 2 ms/, d.reason)
+  end
+
+  def test_a_change_is_followed_by_cooldown
+    c = controller(cooldown: 2)
+    2.times { c.observe(m(threads: 4)) }
+    assert_equal 5, c.target
+    2.times do
+      d = c.observe(m(threads: 5))
+      refute d.changed
+      assert_match(/cooldown/, d.reason)
+    end
+    c.observe(m(threads: 5))
+    assert c.observe(m(threads: 5)).changed
+    assert_equal 6, c.target
+  end
+
+  def test_disagreeing_votes_reset_the_agreement
+    c = controller
+    c.observe(m(threads: 4))
+    c.observe(m(threads: 4, queue: 0.0)) # no queue: hold
+    refute c.observe(m(threads: 4)).changed
+    assert c.observe(m(threads: 4)).changed
+  end
+
+  def test_no_queue_no_busy_gvl_no_stall_holds
+    c = controller
+    4.times { refute c.observe(m(threads: 4, queue: 0.001)).changed }
+    4.times { refute c.observe(m(threads: 4, gvl: 0.95)).changed }
+    4.times { refute c.observe(m(threads: 4, stall: 0.01, wall: 0.02)).changed }
+    assert_equal 4, c.target
+  end
+
+  def test_too_few_requests_hold
+    c = controller
+    d = nil
+    3.times { d = c.observe(m(threads: 4, rps: 1.0)) }
+    refute d.changed
+    assert_match(/5 requests in the interval, need 30/, d.reason)
+  end
+
+  def test_never_above_max
+    c = controller(max: 6, cooldown: 0)
+    20.times { c.observe(m(threads: c.target)) }
+    assert_equal 6, c.target
+  end
+
+  def test_the_database_pool_caps_at_once_and_says_so
+    c = controller(initial: 8)
+    d = c.observe(m(threads: 8, pool: 5, pool_name: "primary"))
+    assert d.changed
+    assert_equal 5, d.target
+    assert_match(/database pool primary has 5 connections/, d.reason)
+    c2 = controller(initial: 5, cooldown: 0)
+    10.times { c2.observe(m(threads: c2.target, pool: 5)) }
+    assert_equal 5, c2.target, "queueing never pushes past the pool"
+  end
+
+  def test_model_target_is_its_knee_plus_margin_in_bounded_steps
+    model = { rps: [50, 90, 120, 135, 140, 142, 143, 143, 143, 143], stall: Array.new(10, 0.0) }
+    c = controller(initial: 2, step: 2, cooldown: 0)
+    targets = []
+    8.times do
+      d = c.observe(m(threads: c.target, gvl: 0.99), model: model)
+      targets << d.target if d.changed
+    end
+    # knee: fewest reaching 97 % of 143 = 138.7 -> 5 threads; + margin 1 = 6
+    assert_equal [4, 6], targets
+  end
+
+  def test_model_down_needs_stall_and_slack
+    model = { rps: [50, 90, 120, 135, 140, 142, 143, 143, 143, 143, 143, 143], stall: Array.new(12, 0.0) }
+    c = controller(initial: 12, cooldown: 0)
+    3.times { refute c.observe(m(threads: 12, stall: 0.001, wall: 0.05), model: model).changed }
+    c.observe(m(threads: 12, stall: 0.03, wall: 0.05), model: model)
+    d = c.observe(m(threads: 12, stall: 0.03, wall: 0.05), model: model)
+    assert d.changed
+    assert_equal 10, d.target, "bounded step"
+    assert_match(/the model gives 6 threads 142 req\/s, as many as 12/, d.reason)
+    # within slack of the target: holds even though requests stall
+    c2 = controller(initial: 7, cooldown: 0)
+    4.times { refute c2.observe(m(threads: 7, stall: 0.03, wall: 0.05), model: model).changed }
+  end
+
+  def test_measured_stall_without_throughput_gain_goes_down_and_becomes_a_ceiling
+    model = { rps: [50, 90, 120, 140, 150, 160, 170, 175], stall: Array.new(8, 0.0) } # over-optimistic model
+    c = controller(initial: 4, cooldown: 0, agree: 1, step: 1)
+    c.observe(m(threads: 4, rps: 120, stall: 0.002), model: model)
+    assert_equal 5, c.target
+    d = c.observe(m(threads: 5, rps: 120.5, stall: 0.010), model: model)
+    assert d.changed
+    assert_equal 4, d.target
+    assert_match(/5 threads served 120\.6 req\/s, 4 served 120\.0 with less stall/, d.reason)
+    # the model still wants more, but 5 was measured to add nothing
+    5.times { c.observe(m(threads: c.target, rps: 120, stall: 0.002), model: model) }
+    assert_equal 4, c.target
+  end
+
+  def test_ceiling_holds_while_the_model_agrees_and_lifts_after_memory_when_it_changes
+    model = { rps: [50, 90, 120, 140, 150, 160, 170, 175], stall: Array.new(8, 0.0) }
+    c = controller(initial: 4, cooldown: 0, agree: 1, step: 1, memory: 3)
+    c.observe(m(threads: 4, rps: 120, stall: 0.002), model: model)
+    c.observe(m(threads: 5, rps: 120.5, stall: 0.010), model: model)
+    assert_equal 4, c.target
+    10.times { c.observe(m(threads: c.target, rps: 120, stall: 0.002), model: model) }
+    assert_equal 4, c.target, "same workload, same model: the measured ceiling stays"
+    changed = { rps: [50, 95, 130, 160, 185, 200, 200, 200], stall: Array.new(8, 0.0) }
+    c.observe(m(threads: 4, rps: 120, stall: 0.002), model: changed)
+    assert_equal 5, c.target, "the model changed after the ceiling's memory: probe again"
+  end
+
+  def test_settings_are_checked
+    assert_raises(ArgumentError) { Controller.new(min: 1, max: 4, initial: 2, nonsense: 1) }
+    assert_raises(ArgumentError) { Controller.new(min: 5, max: 4, initial: 2) }
+    assert_equal 4, Controller.new(min: 1, max: 4, initial: 9).target
+  end
+end

@@ -1,0 +1,79 @@
+# frozen_string_literal: true
+
+require "json"
+require "test_helper"
+require "serval/auto/controller"
+require "serval/auto/model"
+
+# The controller on windows recorded from a real server (bench/apps/advice.ru
+# with the stand-in database at 4 threads, 16 clients; test/fixtures/auto,
+# see each file's "recorded"), table-driven: the model from the window, a
+# measurement at some thread count, twice (two agreeing intervals), and the
+# decision expected. Deterministic: the model is seeded.
+class AutoRecordedWindowsTest < Minitest::Test
+  FIXTURES = File.expand_path("../fixtures/auto", __dir__)
+
+  def self.model(name)
+    @models ||= {}
+    @models[name] ||= Serval::Auto::Model.call(JSON.parse(File.read(File.join(FIXTURES, name))), max: 12)
+  end
+
+  # name, window, threads, measurement figures, expected target, reason pattern
+  CASES = [
+    ["70 %: queueing at 2 threads goes to the knee + 1 (3 + 1)", "window-70.json", 2,
+     { queue_p90: 0.2, stall_mean: 0.005, wall_mean: 0.03 }, 4, /model gives 4 threads .* knee 3/],
+    ["70 %: at the target it holds", "window-70.json", 4,
+     { queue_p90: 0.2, stall_mean: 0.02, wall_mean: 0.05 }, 4, /knee at 3 threads \(target 4\)/],
+    ["70 %: 8 threads stalling come down by the step", "window-70.json", 8,
+     { queue_p90: 0.05, stall_mean: 0.06, wall_mean: 0.1 }, 6, /as many as 8/],
+    ["70 %: within slack of the target it holds", "window-70.json", 5,
+     { queue_p90: 0.05, stall_mean: 0.06, wall_mean: 0.1 }, 5, /knee at 3/],
+    ["70 %: no queue, no change", "window-70.json", 2,
+     { queue_p90: 0.001, stall_mean: 0.001, wall_mean: 0.03 }, 2, /knee at 3/],
+    ["70 %: a pool of 3 binds at once", "window-70.json", 6,
+     { queue_p90: 0.2, stall_mean: 0.06, wall_mean: 0.1, pool: 3, pool_name: "primary" }, 3,
+     /database pool primary has 3 connections/],
+    ["70 %: too few requests", "window-70.json", 2,
+     { queue_p90: 0.2, stall_mean: 0.001, wall_mean: 0.03, requests: 10 }, 2, /10 requests in the interval, need 30/],
+    ["35 %: queueing at 4 threads climbs one step towards 6 + 1", "window-35.json", 4,
+     { queue_p90: 0.1, stall_mean: 0.005, wall_mean: 0.03 }, 6, /model gives 7 threads .* knee 6/],
+    ["35 %: at the target it holds", "window-35.json", 7,
+     { queue_p90: 0.1, stall_mean: 0.01, wall_mean: 0.04 }, 7, /knee at 6 threads \(target 7\)/],
+    ["35 %: 12 threads stalling come down by the step", "window-35.json", 12,
+     { queue_p90: 0.05, stall_mean: 0.05, wall_mean: 0.09 }, 10, /as many as 12/],
+    ["35 %: the max binds the model's target", "window-35.json", 4,
+     { queue_p90: 0.1, stall_mean: 0.005, wall_mean: 0.03, max: 5 }, 5, /model gives 5 threads/]
+  ].freeze
+
+  CASES.each_with_index do |(label, window, threads, figures, expected, reason), i|
+    define_method("test_#{i}_#{label.gsub(/\W+/, '_').downcase}") do
+      f = figures.dup
+      max = f.delete(:max) || 12
+      requests = f.delete(:requests) || 400
+      c = Serval::Auto::Controller.new(min: 1, max: max, initial: threads)
+      m = Serval::Auto::Measurement.new(seconds: 5.0, requests: requests, threads: threads, gvl: 0.9,
+                                        stall_p95: f[:stall_mean] * 2, **f)
+      model = self.class.model(window)
+      d = c.observe(m, model: model)
+      d = c.observe(m, model: model) unless d.changed
+      assert_equal expected, d.target, "#{label}: #{d.reason}"
+      assert_equal expected != threads, d.changed
+      assert_match reason, d.reason
+    end
+  end
+
+  def test_the_recorded_windows_give_the_model_enough_requests
+    %w[window-70.json window-35.json].each do |name|
+      model = self.class.model(name)
+      refute_nil model, name
+      assert_equal 12, model[:rps].size
+      assert(model[:rps].each_cons(2).all? { |a, b| b >= a * 0.98 }, "req/s hardly falls with threads: #{model[:rps]}")
+    end
+  end
+
+  def test_a_window_with_too_few_samples_gives_no_model
+    w = JSON.parse(File.read(File.join(FIXTURES, "window-70.json")))
+    w["samples"] = w["samples"].first(50)
+    assert_nil Serval::Auto::Model.call(w, max: 8)
+  end
+end
