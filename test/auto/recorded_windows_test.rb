@@ -22,12 +22,14 @@ class AutoRecordedWindowsTest < Minitest::Test
   CASES = [
     ["70 %: queueing at 2 threads goes to the knee + 1 (3 + 1)", "window-70.json", 2,
      { queue_p90: 0.2, stall_mean: 0.005, wall_mean: 0.03 }, 4, /model gives 4 threads .* knee 3/],
-    ["70 %: at the target it holds", "window-70.json", 4,
-     { queue_p90: 0.2, stall_mean: 0.02, wall_mean: 0.05 }, 4, /knee at 3 threads \(target 4\)/],
+    ["70 %: at the target with the GVL saturated it holds", "window-70.json", 4,
+     { queue_p90: 0.2, stall_mean: 0.02, wall_mean: 0.05, gvl: 0.99 }, 4, /knee at 3 threads \(target 4\)/],
+    ["70 %: at the target with the GVL free 10 % it probes one more", "window-70.json", 4,
+     { queue_p90: 0.2, stall_mean: 0.02, wall_mean: 0.05 }, 5, /GVL is free 10 % .*model's target is 4/],
     ["70 %: 8 threads stalling come down by the step", "window-70.json", 8,
      { queue_p90: 0.05, stall_mean: 0.06, wall_mean: 0.1 }, 6, /as many as 8/],
     ["70 %: within slack of the target it holds", "window-70.json", 5,
-     { queue_p90: 0.05, stall_mean: 0.06, wall_mean: 0.1 }, 5, /knee at 3/],
+     { queue_p90: 0.05, stall_mean: 0.06, wall_mean: 0.1, gvl: 0.99 }, 5, /knee at 3/],
     ["70 %: no queue, no change", "window-70.json", 2,
      { queue_p90: 0.001, stall_mean: 0.001, wall_mean: 0.03 }, 2, /knee at 3/],
     ["70 %: a pool of 3 binds at once", "window-70.json", 6,
@@ -38,7 +40,7 @@ class AutoRecordedWindowsTest < Minitest::Test
     ["35 %: queueing at 4 threads climbs one step towards 6 + 1", "window-35.json", 4,
      { queue_p90: 0.1, stall_mean: 0.005, wall_mean: 0.03 }, 6, /model gives 7 threads .* knee 6/],
     ["35 %: at the target it holds", "window-35.json", 7,
-     { queue_p90: 0.1, stall_mean: 0.01, wall_mean: 0.04 }, 7, /knee at 6 threads \(target 7\)/],
+     { queue_p90: 0.1, stall_mean: 0.01, wall_mean: 0.04, gvl: 0.98 }, 7, /knee at 6 threads \(target 7\)/],
     ["35 %: 12 threads stalling come down by the step", "window-35.json", 12,
      { queue_p90: 0.05, stall_mean: 0.05, wall_mean: 0.09 }, 10, /as many as 12/],
     ["35 %: the max binds the model's target", "window-35.json", 4,
@@ -51,7 +53,8 @@ class AutoRecordedWindowsTest < Minitest::Test
       max = f.delete(:max) || 12
       requests = f.delete(:requests) || 400
       c = Serval::Auto::Controller.new(min: 1, max: max, initial: threads)
-      m = Serval::Auto::Measurement.new(seconds: 5.0, requests: requests, threads: threads, gvl: 0.9,
+      gvl = f.delete(:gvl) || 0.9
+      m = Serval::Auto::Measurement.new(seconds: 5.0, requests: requests, threads: threads, gvl: gvl,
                                         stall_p95: f[:stall_mean] * 2, **f)
       model = self.class.model(window)
       d = c.observe(m, model: model)

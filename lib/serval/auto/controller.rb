@@ -41,12 +41,20 @@ module Serval
     #   `fraction` of the model's best, plus `margin`),
     #   or, without a model, the GVL has headroom (held < `gvl_headroom`) and
     #   the stall is low (mean < `stall_share` of wall): one more;
+    #   or, with a model that says hold, the GVL is still free part of the
+    #   time (held < `probe_gvl`) while requests queue: one more, to measure
+    #   (a probe: the model's knee from a window at one count is often a
+    #   thread or two low, docs/benchmarks.md); the measured rule below takes
+    #   it back if it added nothing, and then it is a ceiling;
     # - down when stall grew without gain: a thread fewer served as many
     #   req/s (measured, within `down_gain`, at this workload) with less stall
     #   and no longer latency (queue + wall: under open-loop arrivals req/s
     #   is the arrival rate and a thread's gain is a shorter wait); or the
     #   model puts the count `slack` threads past its target while
-    #   requests stall (mean > `stall_share` of wall);
+    #   requests stall (mean > `stall_share` of wall), unless this process
+    #   measured that the count gained over one fewer (more req/s or a
+    #   shorter latency, by more than `down_gain`): measurement beats the
+    #   model;
     # - hold otherwise, with too few requests, or in the `cooldown` intervals
     #   right after a change (the first straddles it).
     #
@@ -72,7 +80,8 @@ module Serval
         margin: 1,            # ... plus this many (the model's knee sits ~1 below the measured one:
                               # docs/benchmarks.md "Concurrency advice")
         slack: 2,             # model-driven down: only this many threads past its target
-        memory: 30            # intervals a measured figure or ceiling is kept
+        memory: 30,           # intervals a measured figure or ceiling is kept
+        probe_gvl: 0.97       # with a model that holds: GVL held below this share while requests queue -> probe +1
       }.freeze
 
       # reason: the latest interval's (a hold says why it held);
@@ -174,11 +183,28 @@ module Serval
           return [:up, want, format("requests queue; the model gives %d threads %.0f req/s (+%d %%, knee %d)",
                                     want, rps[want - 1], (gain * 100).round, knee)]
         end
-        if n >= want + @s[:slack] && stalling?(m)
+        if n >= want + @s[:slack] && stalling?(m) && !measured_gain?(n)
           return [:down, want, format("the model gives %d threads %.0f req/s, as many as %d (%.0f) with less stall",
                                       want, rps[want - 1], n, here)]
         end
+        if queued && n < [cap, ceiling].min && m.gvl && m.gvl < @s[:probe_gvl] && !measured_gain?(n + 1, worse: true)
+          return [:up, n + 1, format("requests queue while the GVL is free %d %% of the time: one more thread to " \
+                                     "measure (the model's target is %d)", ((1 - m.gvl) * 100).round, want)]
+        end
         [:hold, n, format("the model puts the knee at %d threads (target %d)", knee, want)]
+      end
+
+      # Did this process measure n threads doing better than n - 1 (more
+      # req/s, or a shorter latency under the same arrivals)? With worse:
+      # true, whether n was measured to do no better (so a probe would only
+      # repeat it).
+      def measured_gain?(n, worse: false)
+        below = @seen[n - 1]
+        here = @seen[n]
+        return false unless below && here
+
+        gain = here[0] > below[0] * (1 + @s[:down_gain]) || here[3] < below[3] * (1 - @s[:down_gain])
+        worse ? !gain : gain
       end
 
       def plain_vote(m, cap, queued)

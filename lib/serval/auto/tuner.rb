@@ -2,6 +2,7 @@
 
 require "time"
 require "serval/threads"
+require "serval/fairness"
 require "serval/auto/controller"
 require "serval/auto/sampler"
 require "serval/auto/model"
@@ -10,12 +11,15 @@ module Serval
   module Auto
     # `threads :auto` in one process: a low-priority thread that, every
     # `auto_interval` seconds, measures the interval (Sampler), refreshes the
-    # model every MODEL_EVERY intervals (Model, from Server#window), asks the
+    # model (Model, from Server#window) every MODEL_EVERY intervals, less often
+    # while it keeps giving the same knee (the gap doubles up to MODEL_MAX_GAP:
+    # each run is a burst of Ruby that requests wait behind), asks the
     # Controller and applies its decision through ThreadPool#resize. Each
     # change is one log line, `threads: 4 -> 5 (reason; figures)`, and #stats
     # is what Server#stats shows under `auto:`.
     class Tuner
       MODEL_EVERY = 3   # intervals between model runs (the first as soon as the window allows)
+      MODEL_MAX_GAP = 24 # most intervals between model runs while its knee stays the same
       PRIORITY = -3     # below request threads: the model's Ruby yields to them
 
       def initialize(server, pool, options, log_writer)
@@ -34,6 +38,8 @@ module Serval
         @model = nil
         @model_at = nil
         @ticks = 0
+        @model_gap = MODEL_EVERY
+        @model_tick = nil
         @last = nil
       end
 
@@ -41,9 +47,12 @@ module Serval
 
       def start
         @pool.resize(@pool.min, @controller.target) if @pool.max != @controller.target
-        @sampler = Sampler.new
+        @sampler ||= Sampler.new
         @thread = Threads.spawn("serval-auto", @log_writer) do
           Thread.current.priority = PRIORITY
+          # with fair_timeslice on (Ruby 3.3+), the model's runs give the GVL to
+          # waiting request threads every slice, as a request thread would
+          Fairness.apply(Thread.current) if Fairness.mode == :preempt
           run
         end
         self
@@ -61,15 +70,17 @@ module Serval
         @mutex.synchronize do
           { target_threads: @controller.target, min_threads: @controller.min, max_threads: @controller.max,
             reason: @controller.reason, change_reason: @controller.change_reason, changed_at: @changed_at&.utc&.iso8601(3), changes: @changes,
-            interval: @interval, model_threads: @model && knee(@model), model_at: @model_at&.utc&.iso8601(3) }
+            interval: @interval, model_threads: @model && knee(@model), model_at: @model_at&.utc&.iso8601(3),
+            model_every: @model_gap }
         end
       end
 
       # One interval: measure, maybe model, decide, apply. Public for tests.
       def tick
         @ticks += 1
+        @sampler ||= Sampler.new
         m = @sampler.sample(threads: @pool.max, pools: @server.db_pools)
-        refresh_model if @model.nil? || (@ticks % MODEL_EVERY).zero?
+        refresh_model if @model.nil? || @ticks - @model_tick >= @model_gap
         decision = @controller.observe(m, model: @model)
         apply(decision) if decision.changed
         @last = decision
@@ -96,12 +107,15 @@ module Serval
       end
 
       def refresh_model
+        @model_tick = @ticks
         window = @server.window
         return unless window
 
         model = Model.call(window, max: @controller.max)
         return unless model
 
+        same = @model && knee(@model) == knee(model)
+        @model_gap = same ? [@model_gap * 2, MODEL_MAX_GAP].min : MODEL_EVERY
         @mutex.synchronize do
           @model = model
           @model_at = Time.now

@@ -23,7 +23,12 @@ module Bench
       def request_ms = Float(ENV.fetch("BENCH_ADVICE_MS", "20"))
       def queries = Integer(ENV.fetch("BENCH_ADVICE_QUERIES", "2"))
       def shares = ENV.fetch("BENCH_ADVICE_SHARES", "0.7,0.35,0.2,0.1").split(",").map { |s| Float(s) }
-      def window_threads = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_THREADS", "4"))
+      # The thread count the advice is measured at: the middle of the share's
+      # sweep (the issue's "a middle thread count"), or BENCH_ADVICE_WINDOW_THREADS.
+      def window_threads(share)
+        env = ENV["BENCH_ADVICE_WINDOW_THREADS"]
+        env ? Integer(env) : (thread_counts(share).max / 2.0).ceil
+      end
       def window_requests = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_REQUESTS", "2000"))
       def window_max_seconds = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_DURATION", "60"))
       def open_seconds = Integer(ENV.fetch("BENCH_ADVICE_OPEN_DURATION", "20"))
@@ -42,7 +47,7 @@ module Bench
 
       def description
         "#{request_ms.round} ms requests, exponential CPU (share #{shares.map { |s| "#{(s * 100).round} %" }.join(', ')}) " \
-          "and #{queries} round trips to a stand-in database; advice from Serval at #{window_threads} threads, then " \
+          "and #{queries} round trips to a stand-in database; advice from Serval at #{shares.map { |s| window_threads(s) }.join("/")} threads, then " \
           "sweep -c = threads (median of #{rounds}) and open-loop p99, server on CPU #{ctx.server_cpu}"
       end
 
@@ -111,7 +116,7 @@ module Bench
       def ask_advice(server, share, db_path)
         control_port = Util.free_port
         token = AdviceSource.token
-        proc = AdviceServer.new(server, app: app_path("advice.ru"), port: Util.free_port, threads: window_threads,
+        proc = AdviceServer.new(server, app: app_path("advice.ru"), port: Util.free_port, threads: window_threads(share),
                                 extra: AdviceSource.server_flags(control_port, token), db: db_path).start
         proc.wait_ready(path: "/")
         url = "http://127.0.0.1:#{proc.port}#{path(share)}"
@@ -119,11 +124,11 @@ module Bench
         # Load in 5 s steps until the window holds enough requests (the
         # advice wants 1,000; 70 % CPU at 4 threads serves ~60 req/s).
         while seconds < window_max_seconds && File.read(proc.log_path).scan("GET /work").size < window_requests
-          Wrk.run(ctx, url, duration: 5, connections: window_threads)
+          Wrk.run(ctx, url, duration: 5, connections: window_threads(share))
           seconds += 5
         end
         AdviceSource.fetch(control_port: control_port, token: token, log_path: proc.log_path,
-                           threads: window_threads, seconds: seconds)
+                           threads: window_threads(share), seconds: seconds)
       ensure
         proc&.stop
       end
