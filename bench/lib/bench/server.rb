@@ -84,18 +84,23 @@ module Bench
   class ServerProcess
     attr_reader :server, :port, :pid, :command, :log_path, :threads, :workers
 
-    def initialize(server, app:, port:, threads:, workers: 1, cpus: nil)
+    # extra: flags inserted before the app path (e.g. --max-queue-time 0.05);
+    # env: added to the server's environment.
+    def initialize(server, app:, port:, threads:, workers: 1, cpus: nil, extra: [], env: {})
       @server = server
       @port = port
       @app = app
       @threads = threads
       @workers = workers
-      @command = server.ctx.pin_server(server.argv(app: app, port: port, threads: threads, workers: workers), cpus: cpus)
+      argv = server.argv(app: app, port: port, threads: threads, workers: workers)
+      argv = argv[0..-2] + extra + [argv[-1]] unless extra.empty?
+      @command = server.ctx.pin_server(argv, cpus: cpus)
+      @env = server.env.merge(env)
       @log_path = File.join(server.ctx.scratch, "#{server.name}-#{File.basename(app, '.ru')}-#{port}.log")
     end
 
     def start
-      @pid = Util.spawn(@command, env: server.env, chdir: server.chdir, out: @log_path, err: @log_path)
+      @pid = Util.spawn(@command, env: @env, chdir: server.chdir, out: @log_path, err: @log_path)
       self
     end
 

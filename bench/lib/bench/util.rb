@@ -11,6 +11,13 @@ module Bench
     @children_lock = Mutex.new
 
     class << self
+      # The median of the non-nil values (the mean of the middle two for an
+      # even count); nil for none.
+      def median(list)
+        s = list.compact.sort
+        s.empty? ? nil : (s[(s.size - 1) / 2] + s[s.size / 2]) / 2.0
+      end
+
       def now
         Process.clock_gettime(Process::CLOCK_MONOTONIC)
       end

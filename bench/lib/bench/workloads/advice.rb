@@ -187,10 +187,7 @@ module Bench
         proc&.stop
       end
 
-      def median(list)
-        s = list.compact.sort
-        s.empty? ? nil : (s[(s.size - 1) / 2] + s[s.size / 2]) / 2.0
-      end
+      def median(list) = Util.median(list)
 
       def pct(err) = err ? format("%+.0f %%", err * 100) : "-"
 
@@ -221,16 +218,7 @@ module Bench
     # environment (FAKE_DB_SOCKET, read by bench/apps/advice.ru).
     class AdviceServer < ServerProcess
       def initialize(server, app:, port:, threads:, db:, extra: [])
-        super(server, app: app, port: port, threads: threads)
-        argv = server.argv(app: app, port: port, threads: threads)
-        @command = server.ctx.pin_server(argv[0..-2] + extra + [argv[-1]])
-        @db = db
-      end
-
-      def start
-        @pid = Util.spawn(@command, env: server.env.merge("FAKE_DB_SOCKET" => @db), chdir: server.chdir,
-                                    out: @log_path, err: @log_path)
-        self
+        super(server, app: app, port: port, threads: threads, extra: extra, env: { "FAKE_DB_SOCKET" => db })
       end
     end
   end

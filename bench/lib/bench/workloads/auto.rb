@@ -19,7 +19,8 @@ module Bench
     #    open-loop warm-up is BENCH_AUTO_WARMUP, not counted).
     #
     # Done (issue 10): auto >= 95 % of the best fixed req/s; open-loop p99
-    # within 10 % of the best fixed count's.
+    # within 10 % of the best fixed count's. Puma at BENCH_AUTO_PUMA_THREADS
+    # (5) threads is measured beside it, closed and open loop, when selected.
     class Auto < Advice
       register "auto"
 
@@ -31,6 +32,8 @@ module Bench
       def auto_flags = ENV.fetch("BENCH_AUTO_FLAGS", "").split
       def open? = ENV["BENCH_AUTO_OPEN"] == "1"
       def rounds = [ctx.rounds, 1].max
+      def puma_threads = Integer(ENV.fetch("BENCH_AUTO_PUMA_THREADS", "5"))
+      def server_names = %w[serval puma]
 
       def description
         "threads auto vs fixed #{fixed.first}..#{fixed.last} threads, closed loop with #{clients} clients " \
@@ -40,12 +43,14 @@ module Bench
       end
 
       def run(servers)
-        server = select(servers).first or return skipped
+        server = select(servers).find { |s| s.name == "serval" } or return skipped
+        @puma = select(servers).find { |s| s.name == "puma" }
         db_path = File.join(ctx.scratch, "fake_db.sock")
         db = start_db(db_path)
         per_share = shares.map { |share| measure_auto(server, share, db_path) }
         { "name" => name, "description" => description,
-          "servers" => { "serval" => { "version" => server.version, "shares" => per_share } },
+          "servers" => { "serval" => { "version" => server.version, "shares" => per_share },
+                         "puma" => @puma && { "version" => @puma.version, "threads" => puma_threads } }.compact,
           "ratio" => nil, "pick" => "median of #{rounds} rounds",
           "check" => { "target" => "auto >= 95 % of the best fixed req/s; open-loop p99 within 10 % of the best fixed",
                        "ok" => per_share.all? { |s| s["ok"] } } }
@@ -67,7 +72,7 @@ module Bench
         open = open? ? open_compare(server, share, db_path, best["rps"]) : nil
         ok = ratio >= 0.95 && (open.nil? || open["ok"])
         { "share" => share, "sweep" => sweep, "best" => best, "auto" => auto, "ratio" => ratio, "open_loop" => open,
-          "ok" => ok }
+          "puma" => @puma && puma_beside(share, db_path, open && open["rate"]), "ok" => ok }
       end
 
       def closed_c(server, share, db_path, threads)
@@ -112,6 +117,27 @@ module Bench
         { "rate" => rate, "fixed" => per, "best" => best, "auto" => auto, "ok" => ok ? true : false }
       end
 
+      # Puma at a fixed count under the same closed loop (median of rounds)
+      # and, with BENCH_AUTO_OPEN=1, the same open-loop rate.
+      def puma_beside(share, db_path, rate)
+        closed = Array.new(rounds) { closed_c(@puma, share, db_path, puma_threads) }
+        out = { "threads" => puma_threads, "rps" => median(closed.map { |r| r["rps"] }) }
+        if rate
+          m = open_run(@puma, share, db_path, puma_threads, { "rate" => rate }, 1)
+          out["open_p99_ms"] = m["p99_ms"]
+        end
+        ctx.log format("auto: cpu %.2f puma %d threads: %.1f req/s, open p99 %s", share, puma_threads, out["rps"],
+                       out["open_p99_ms"] ? fmt_ms(out["open_p99_ms"]) : "-")
+        out
+      end
+
+      def puma_cell(puma)
+        return "-" unless puma
+
+        p99 = puma["open_p99_ms"] ? format("%.0f ms", puma["open_p99_ms"].to_f) : "-"
+        "#{fmt_rps(puma['rps'])} / #{p99}"
+      end
+
       def open_auto(server, share, db_path, rate)
         with_auto_server(server, db_path) do |proc, control|
           url = "http://127.0.0.1:#{proc.port}#{path(share)}"
@@ -146,14 +172,14 @@ module Bench
 
       def table(result)
         rows = [["CPU share", "best fixed (threads: req/s)", "auto req/s", "auto / best", "auto threads",
-                 "open p99 best fixed", "open p99 auto", "ok"]]
+                 "open p99 best fixed", "open p99 auto", "Puma -t #{puma_threads} req/s / open p99", "ok"]]
         notes = []
         result.dig("servers", "serval", "shares").to_a.each do |s|
           o = s["open_loop"]
           rows << ["#{(s['share'] * 100).round} %", format("%d: %s", s["best"]["threads"], fmt_rps(s["best"]["rps"])),
                    fmt_rps(s["auto"]["rps"]), format("%.3f", s["ratio"]), s["auto"]["threads"].inspect,
                    o ? format("%d: %.0f ms", o["best"]["threads"], o["best"]["p99_ms"].to_f) : "-",
-                   o ? format("%.0f ms", o["auto"]["p99_ms"].to_f) : "-", s["ok"] ? "yes" : "no"]
+                   o ? format("%.0f ms", o["auto"]["p99_ms"].to_f) : "-", puma_cell(s["puma"]), s["ok"] ? "yes" : "no"]
           notes << "#{(s['share'] * 100).round} % sweep: " + s["sweep"].map { |r| format("%d: %s", r["threads"], fmt_rps(r["rps"])) }.join(", ")
           notes << "#{(s['share'] * 100).round} % auto log: #{s['auto']['log'].join(' | ')}"
         end

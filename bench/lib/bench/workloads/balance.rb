@@ -57,7 +57,7 @@ module Bench
       end
 
       def measure(server, extra)
-        process = BalanceServer.new(server, app: app_path("mixed_random.ru"), port: Util.free_port, threads: 4,
+        process = ServerProcess.new(server, app: app_path("mixed_random.ru"), port: Util.free_port, threads: 4,
                                             workers: 2, cpus: cpus, extra: extra).start
         process.wait_ready(path: "/")
         url = "http://127.0.0.1:#{process.port}#{path}"
@@ -83,10 +83,7 @@ module Bench
           "wrk_command" => list.first["wrk_4"] }
       end
 
-      def median(values)
-        s = values.compact.sort
-        s.empty? ? nil : (s[(s.size - 1) / 2] + s[s.size / 2]) / 2.0
-      end
+      def median(values) = Util.median(values)
 
       def table(result)
         rows = [["server", "version", "req/s -c4", "req/s -c16", "4/16 (median of rounds)", "rounds", "p99 -c4", "p99 -c16"]]
@@ -98,13 +95,6 @@ module Bench
       end
 
       # A server started with extra flags before the rackup file.
-      class BalanceServer < ServerProcess
-        def initialize(server, app:, port:, threads:, workers:, cpus:, extra: [])
-          super(server, app: app, port: port, threads: threads, workers: workers, cpus: cpus)
-          argv = server.argv(app: app, port: port, threads: threads, workers: workers)
-          @command = server.ctx.pin_server(argv[0..-2] + extra + [argv[-1]], cpus: cpus)
-        end
-      end
     end
   end
 end

@@ -104,12 +104,7 @@ module Bench
          { "io" => alone["command"], "cpu" => cpu["command"], "app" => app["command"] }]
       end
 
-      def median(list)
-        list = list.compact.sort
-        return nil if list.empty?
-
-        list.size.odd? ? list[list.size / 2] : (list[list.size / 2 - 1] + list[list.size / 2]) / 2.0
-      end
+      def median(list) = Util.median(list)
 
       # Per setting: median figures, and the median over rounds of each
       # round's ratio to off (same round).

@@ -101,7 +101,7 @@ module Bench
       end
 
       def with_shed_server(server, extra)
-        proc = ShedServer.new(server, app: app_path("mixed.ru"), port: Util.free_port, threads: ctx.threads,
+        proc = ServerProcess.new(server, app: app_path("mixed.ru"), port: Util.free_port, threads: ctx.threads,
                                       extra: extra).start
         proc.wait_ready(path: "/")
         yield proc
@@ -109,10 +109,7 @@ module Bench
         proc&.stop
       end
 
-      def median(list)
-        s = list.compact.sort
-        s.empty? ? nil : (s[(s.size - 1) / 2] + s[s.size / 2]) / 2.0
-      end
+      def median(list) = Util.median(list)
 
       def table(result)
         s = result.dig("servers", "serval") or return [[["-"]], []]
@@ -133,13 +130,5 @@ module Bench
       end
     end
 
-    # Serval with extra flags (--max-queue-time).
-    class ShedServer < ServerProcess
-      def initialize(server, app:, port:, threads:, extra: [])
-        super(server, app: app, port: port, threads: threads)
-        argv = server.argv(app: app, port: port, threads: threads)
-        @command = server.ctx.pin_server(argv[0..-2] + extra + [argv[-1]])
-      end
-    end
   end
 end
