@@ -88,12 +88,28 @@ module Serval
     end
 
     def parse
-      rest = parser.parse(@argv)
+      opts = parser
+      rest = opts.parse(split_equals(opts, @argv))
       return :done if @done
       raise ConfigError, "too many arguments: #{rest.join(' ')} (one rackup file at most)" if rest.size > 1
 
       @dsl.rackup(rest.first) if rest.first
       nil
+    end
+
+    # `--port=9292` as `--port 9292`: optparse (0.2-0.4) with require_exact
+    # rejects the = form of every long option. Only for a known option that
+    # takes an argument, and only before a bare `--`.
+    def split_equals(opts, argv)
+      out = []
+      argv.each_with_index do |arg, i|
+        return out + argv[i..] if arg == "--"
+
+        name, value = arg.split("=", 2)
+        switch = value && name.start_with?("--") && opts.top.search(:long, name.delete_prefix("--"))
+        switch && switch.arg ? out.push(name, value) : out.push(arg)
+      end
+      out
     end
 
     def parser
