@@ -89,6 +89,19 @@ class FairnessTest < Minitest::Test
     end
   end
 
+  # The slice the server ran with reaches its window, so the advice models
+  # the GVL as the server shares it.
+  def test_the_window_carries_the_effective_slice
+    app = ->(_env) { [200, { "content-type" => "text/plain" }, ["ok"]] }
+    with_server(app, fair_timeslice: 5.0, timing: true) do |server, _port|
+      expected = Serval::Fairness.supported? ? 0.005 : 0.0125 # priority -3: 100 ms / 8
+      assert_in_delta expected, server.window[:timeslice], 1e-9
+    end
+    with_server(app, fair_timeslice: 0.0, timing: true) do |server, _port|
+      refute server.window.key?(:timeslice)
+    end
+  end
+
   def test_request_threads_untouched_when_off
     assert_equal "false 0 false", request_thread_state(0.0)
   end

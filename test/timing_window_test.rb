@@ -115,7 +115,9 @@ class TimingWindowTest < Minitest::Test
     a = W.read(now: START + 5, gvl_split: true, max_threads: 3)
     T.window_reset(START)
     300.times { |i| record(START + 1 + (i * 0.001), [0.001, 0.004, 0.003, 0.0, 0.0, 0.008, nil], 3) }
-    b = W.read(now: START + 5, gvl_split: true, max_threads: 3)
+    b = W.read(now: START + 5, gvl_split: true, max_threads: 3, timeslice: 0.005)
+    assert_equal 0.005, b[:timeslice]
+    refute a.key?(:timeslice), "Ruby's own slice: no key"
     json = JSON.parse(JSON.generate(b)) # as it comes over the command channel
     m = W.merge([a, json])
     assert_equal 400, m[:requests]
@@ -125,6 +127,7 @@ class TimingWindowTest < Minitest::Test
     assert_equal 3, m[:max_threads]
     assert_in_delta 2.5, m[:io_waits], 1e-9
     assert_equal 400, m[:sampled_from]
+    assert_equal 0.005, m[:timeslice]
   end
 
   def test_merge_bounds_the_samples

@@ -80,6 +80,16 @@ module Serval
       end
 
       # Times a request thread gave the GVL away at the end of its slice (Ruby 3.3+; nil otherwise).
+      # Seconds a request thread may keep the GVL from a waiting one: the
+      # slice with :preempt, Ruby's slice at the priority given with
+      # :priority; nil when off (Ruby's own 100 ms).
+      def effective_slice
+        case mode
+        when :preempt then @slice_ms / 1000.0
+        when :priority then RUBY_SLICE_MS / (2**-priority_for(@slice_ms)) / 1000.0
+        end
+      end
+
       def preemptions
         Native::Fairness.stats[:preemptions] if supported?
       end

@@ -127,7 +127,7 @@ module Serval
       return nil unless @handler.timing
 
       Timing::Window.read(now: now, max_threads: @thread_pool.stats[:max_threads], db_pools: db_pools,
-                          gvl_split: @handler.timing.gvl_split?)
+                          gvl_split: @handler.timing.gvl_split?, timeslice: @fairness ? Fairness.effective_slice : nil)
     end
 
     # Active Record's pools ({name:, size:, connections:, busy:, idle:,

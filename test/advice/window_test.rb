@@ -68,4 +68,21 @@ class AdviceWindowTest < Minitest::Test
     rps = ->(w) { Serval::Advice::Simulation.new(w.profiles(4000, Random.new(1))).closed(4).rps }
     assert_operator rps.call(shaped), :<, rps.call(plain) * 0.99
   end
+
+  # A server with fair_timeslice records its slice in the window; the model
+  # then shares the GVL in that slice instead of Ruby's 100 ms, as the
+  # server did (long CPU requests beside short ones: a different sweep).
+  def test_the_window_timeslice_is_the_simulated_quantum
+    rng = Random.new(5)
+    samples = Array.new(1200) do |i|
+      i.even? ? { run: 0.04 + (rng.rand * 0.02), idle: 0.001 } : { run: 0.001, idle: 0.01 + (rng.rand * 0.01) }
+    end
+    base = { requests: 1200, seconds: 60, max_threads: 4, samples: samples }
+    sweep = ->(w, **o) { Serval::Advice.recommend(w, sim_requests: 4000, **o)[:sweep].map { |r| r[:rps] } }
+    fair = sweep.call(base.merge(timeslice: 0.005))
+    assert_equal sweep.call(base, quantum: 0.005), fair
+    refute_equal sweep.call(base), fair
+    assert_in_delta 0.005, Serval::Advice::Window.new(base.merge(timeslice: 0.005)).timeslice
+    assert_raises(ArgumentError) { Serval::Advice::Window.new(base.merge(timeslice: 0)) }
+  end
 end

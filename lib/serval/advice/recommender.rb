@@ -50,6 +50,10 @@ module Serval
 
       private
 
+      # The GVL time slice to simulate: the one the server ran with
+      # (fair_timeslice, in the window), else the `quantum` setting (Ruby's).
+      def quantum = @window.timeslice || @s[:quantum]
+
       def base
         { requests: @window.requests, needed: @s[:min_requests], enough_data: false, threads: nil, processes: nil,
           cpu_share: nil, max_rps_per_process: nil, running_threads: @window.max_threads,
@@ -74,7 +78,7 @@ module Serval
           return base.merge(summary: "advice: #{@warnings.first}")
         end
         profiles = workload.profiles(@s[:sim_requests], Random.new(@s[:seed]))
-        sim = Simulation.new(profiles, quantum: @s[:quantum], handoff: @window.handoff)
+        sim = Simulation.new(profiles, quantum: quantum, handoff: @window.handoff)
         sweep = Sweep.new(sim, max: [@s[:sweep_max], @window.max_threads || 0].max, fraction: @s[:knee_fraction])
         knee = sweep.knee
         @reasons << format("throughput levels off at %d threads: %.1f req/s, %d %% of the best simulated (%.1f)",
@@ -147,7 +151,7 @@ module Serval
 
         info = { name: pool[:name], size: pool[:size], binds: threads > pool[:size] }
         if info[:binds]
-          over = Simulation.new(profiles, quantum: @s[:quantum], pool: pool[:size], handoff: @window.handoff).closed(threads)
+          over = Simulation.new(profiles, quantum: quantum, pool: pool[:size], handoff: @window.handoff).closed(threads)
           info[:pool_wait_if_unchanged] = over.pool_wait_mean.round(6)
           @warnings << format(
             "the database pool binds: pool %s has %d connections and the knee is %d threads, so %d threads " \

@@ -43,7 +43,7 @@ module Serval
       FIGURES = %i[run idle stall pool_wait queue wall cpu wait].freeze
 
       attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms, :processes,
-                  :handoff
+                  :handoff, :timeslice
 
       def initialize(hash)
         h = symbolize(hash)
@@ -58,6 +58,9 @@ module Serval
         @processes = [Integer(h[:processes] || 1), 1].max # a cluster's merged window
         @handoff = Float(h[:gvl_handoff] || 0.0) # seconds the GVL idles per contended grant
         raise ArgumentError, "gvl_handoff must be in [0, 0.1) seconds" unless @handoff >= 0 && @handoff < 0.1
+
+        @timeslice = h[:timeslice] && Float(h[:timeslice]) # fair_timeslice the server ran with; nil: Ruby's
+        raise ArgumentError, "timeslice must be in (0, 1] seconds" if @timeslice && !(@timeslice > 0 && @timeslice <= 1)
         @pools = Array(h[:db_pools]).map { |p| { name: p[:name].to_s, size: Integer(p[:size]) } }
         @samples = samples_of(h)
         @histograms = (h[:histograms] || {}).slice(*FIGURES).compact

@@ -28,7 +28,8 @@ module Serval
         workload = corrected(w, w.workload)
         return nil unless (workload.mean_run + workload.mean_io).positive?
 
-        sim = Advice::Simulation.new(workload.profiles(REQUESTS, Random.new(SEED)))
+        sim = Advice::Simulation.new(workload.profiles(REQUESTS, Random.new(SEED)),
+                                     quantum: w.timeslice || Advice::Simulation::QUANTUM, handoff: w.handoff)
         rows = (1..max).map { |t| sim.closed(t) }
         { rps: rows.map(&:rps), stall: rows.map(&:stall_mean), requests: w.requests,
           cpu_share: workload.cpu_share }

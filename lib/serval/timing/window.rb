@@ -31,7 +31,10 @@ module Serval
       module_function
 
       # now: monotonic seconds (tests inject it).
-      def read(now: nil, max_threads: nil, db_pools: nil, gvl_split: Native::GVL.enabled?, rng: Random.new)
+      # timeslice: seconds a request thread keeps the GVL from a waiting one
+      # (fair_timeslice), nil for Ruby's own.
+      def read(now: nil, max_threads: nil, db_pools: nil, gvl_split: Native::GVL.enabled?, rng: Random.new,
+               timeslice: nil)
         seconds, bounds, buckets = Timing.window_buckets(now)
         requests = buckets.sum { |b| b[1] }
         split = buckets.sum { |b| b[2] }
@@ -49,6 +52,7 @@ module Serval
         window[:io_waits] = (buckets.sum { |b| b[3] }.to_f / split).round(3) if split.positive?
         handoff(window) if gvl_split
         window[:db_pools] = db_pools if db_pools
+        window[:timeslice] = timeslice if timeslice
         window
       end
 
@@ -78,6 +82,8 @@ module Serval
           merged[:gvl_handoff] = (handed.sum { |w| w[:gvl_handoff] * w[:gvl_handoffs].to_i } / n).round(9)
           merged[:gvl_handoffs] = n
         end
+        slices = windows.filter_map { |w| w[:timeslice] }
+        merged[:timeslice] = slices.max if slices.any?
         pools = windows.flat_map { |w| w[:db_pools] || [] }
         merged[:db_pools] = pools.uniq { |p| p[:name] } if pools.any?
         merged
