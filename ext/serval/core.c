@@ -176,6 +176,7 @@ static void read_options(sv_options *o, VALUE opts)
     o->min_body_rate = opt_num(opts, "min_body_rate");
     o->max_queue_time = opt_num(opts, "max_queue_time");
     o->balance = RTEST(rb_hash_lookup(opts, ID2SYM(rb_intern("balance"))));
+    o->balance_close = o->balance && RTEST(rb_hash_lookup(opts, ID2SYM(rb_intern("balance_close"))));
     VALUE tmp = rb_hash_lookup2(opts, ID2SYM(rb_intern("tmpdir")), Qnil);
     const char *dir = NIL_P(tmp) ? "/tmp" : StringValueCStr(tmp);
     if (strlen(dir) >= sizeof(o->tmpdir))

@@ -210,7 +210,7 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw
     int busy = core->queued > (size_t)core->waiting;
     pthread_mutex_unlock(&core->mu);
     int keep = r->keep_alive && !draining && c->nreq < core->opt.max_keepalive_requests && !x.conn_close;
-    if (keep && core->opt.balance && busy)
+    if (keep && core->opt.balance_close && busy)
         keep = 0; /* no thread free here: the client reconnects, maybe to an idle sibling */
     c->head_only = r->method_len == 4 && memcmp(r->method, "HEAD", 4) == 0;
     c->expected = -1;

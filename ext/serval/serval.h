@@ -146,6 +146,8 @@ typedef struct {
     unsigned max_keepalive_requests;
     double min_body_rate;        /* bytes/s a body must average after read_timeout; 0: off */
     int balance;                 /* cluster worker: accept only while a Ruby thread is free */
+    int balance_close;           /* ... and end a keep-alive connection whose response starts while
+                                  * no thread is free (gvl_balance) */
     double max_queue_time;       /* load shedding budget in seconds (shed.h); 0: off */
     char tmpdir[1024];
 } sv_options;

@@ -54,7 +54,8 @@ module Serval
       def start_server
         require "serval/server"
         app = @app || Launcher::Support.load_app(@options[:rackup])
-        @server = Server.new(app, @options.merge(balance: true), log_writer: @log_writer)
+        @server = Server.new(app, @options.merge(balance: true, balance_close: @options[:gvl_balance]),
+                             log_writer: @log_writer)
         @binder.listeners.each { |l| @server.listen(l.io, l.tls) }
         @server.run
         @server.watch_db_pools
