@@ -43,6 +43,7 @@ module Serval
     # mode's own cleanup.
     def run
       Support.sync_output if options.fetch(:stdout_sync, true)
+      Support.export_auto_threads(options, log_writer)
       require "serval/control"
       control = Control.after_boot(self) if Control.wanted?(options)
       agent = start_agent_check
@@ -137,6 +138,22 @@ module Serval
       def thread_backtraces
         Thread.list.each_with_index.to_h do |thread, i|
           ["#{thread.name || "thread-#{i}"} (#{thread.status || 'dead'})", thread.backtrace || []]
+        end
+      end
+
+      # RAILS_MAX_THREADS=auto: an app's database.yml sizes its pool from
+      # that variable ("auto".to_i is 0: no connections at all). Before the
+      # app loads, it becomes threads_auto_max, the most threads auto may
+      # run, so the pool covers every count the controller can choose.
+      def export_auto_threads(options, log_writer, env = ENV)
+        return unless options[:threads_auto]
+
+        %w[RAILS_MAX_THREADS PUMA_MAX_THREADS MAX_THREADS].each do |name|
+          next unless env[name].to_s.strip == "auto"
+
+          env[name] = options[:threads_auto_max].to_s
+          log_writer.info("* #{name}=auto: the app sees #{name}=#{env[name]} (threads_auto_max), " \
+                          "so a pool sized from it covers every thread count auto may choose")
         end
       end
 

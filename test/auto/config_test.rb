@@ -82,4 +82,20 @@ class AutoConfigTest < Minitest::Test
     e = assert_raises(Serval::ConfigError) { load(env: { "RAILS_MAX_THREADS" => "automatic" }) }
     assert_match(/RAILS_MAX_THREADS: expected an integer/, e.message)
   end
+
+  # A stock database.yml sizes the pool from RAILS_MAX_THREADS: before the
+  # app loads, "auto" becomes threads_auto_max (not "auto".to_i = 0).
+  def test_rails_max_threads_auto_is_exported_as_the_most_auto_may_run
+    require "serval/launcher"
+    env = { "RAILS_MAX_THREADS" => "auto", "MAX_THREADS" => "7" }
+    opts = load(env: env, file: "threads_auto_max 12")
+    log = StringIO.new
+    Serval::Launcher::Support.export_auto_threads(opts, Serval::LogWriter.new(stdout: log, stderr: log), env)
+    assert_equal({ "RAILS_MAX_THREADS" => "12", "MAX_THREADS" => "7" }, env)
+    assert_match(/RAILS_MAX_THREADS=auto: the app sees RAILS_MAX_THREADS=12 \(threads_auto_max\)/, log.string)
+    # a number, or auto given elsewhere, leaves the environment alone
+    env = { "RAILS_MAX_THREADS" => "auto" }
+    Serval::Launcher::Support.export_auto_threads(load(argv: %w[-t 3]), Serval::LogWriter.new(stdout: log, stderr: log), env)
+    assert_equal({ "RAILS_MAX_THREADS" => "auto" }, env)
+  end
 end
