@@ -4,9 +4,10 @@ require "json"
 require "serval/launcher"
 require "serval/cluster/command_channel"
 require "serval/cluster/balancer"
+require "serval/supervisor"
 
 module Serval
-  class Cluster
+  class Cluster < Supervisor
     # One worker process, after fork: runs the hooks, starts its own Server
     # (native core and thread pool start here, never in the master), checks in
     # with the master every worker_check_interval seconds with its stats,
@@ -70,44 +71,41 @@ module Serval
                                  interval: @options[:gvl_balance_interval], enabled: @options[:gvl_balance]).start
       end
 
+      # Until a stop: the master's signals (Signals::WORKER, each handled by
+      # its on_<command>, Commands.dispatch), its requests, and check-ins.
       def supervise
         interval = @options[:worker_check_interval]
         next_checkin = Launcher::Support.now + interval
-        loop do
+        until @code
           ready, = IO.select([@signals.reader, @control_io], nil, nil, [next_checkin - Launcher::Support.now, 0].max)
           if ready&.include?(@control_io) && !@responder.read
             @log_writer.info("- Worker #{@index} (PID: #{Process.pid}): master is gone, stopping")
-            return stop
+            on_stop
           end
-          if ready&.include?(@signals.reader)
-            @signals.read.each do |command|
-              case command
-              when :stop then return stop
-              when :halt then return halt
-              when :reopen_logs then Launcher::Support.reopen_logs(@log_writer)
-              when :dump_threads then Launcher::Support.dump_threads(@log_writer, "worker #{@index} [#{Process.pid}]")
-              end
-            end
-          end
-          if Launcher::Support.now >= next_checkin
+          @signals.read.each { |command| Commands.dispatch(self, command) unless @code } if ready&.include?(@signals.reader)
+          if !@code && Launcher::Support.now >= next_checkin
             checkin
             next_checkin = Launcher::Support.now + interval
           end
         end
+        @code
       end
 
-      def stop
+      def on_stop
         run_hooks(:before_worker_shutdown, @index)
         @balancer&.stop
         @server.stop(@options[:drain_timeout])
-        0
+        @code = 0
       end
 
-      def halt
+      def on_halt
         @balancer&.stop
         @server.halt
-        0
+        @code = 0
       end
+
+      def on_reopen_logs = Launcher::Support.reopen_logs(@log_writer)
+      def on_dump_threads = Launcher::Support.dump_threads(@log_writer, "worker #{@index} [#{Process.pid}]")
 
       # One JSON line; skipped (not blocked on) when the master is not reading.
       def checkin(booted: false)
