@@ -4,6 +4,7 @@ require "json"
 require "serval/launcher"
 require "serval/cluster/command_channel"
 require "serval/cluster/balancer"
+require "serval/json_safe"
 require "serval/supervisor"
 
 module Serval
@@ -112,20 +113,10 @@ module Serval
         stats = @server.stats
         stats = stats.merge(@balancer.stats) if @balancer
         ProcessTitle.worker(@index, @options[:tag], stats)
-        line = JSON.generate(pid: Process.pid, index: @index, booted: booted, status: jsonable(stats))
+        line = JSON.generate(pid: Process.pid, index: @index, booted: booted, status: JSONSafe.convert(stats) { nil }) # no Infinity/NaN in JSON
         @status_io.write_nonblock("#{line}\n", exception: false)
       rescue IOError, SystemCallError
         nil
-      end
-
-      # JSON has no Infinity/NaN: such figures travel as nil.
-      def jsonable(value)
-        case value
-        when Hash then value.transform_values { |v| jsonable(v) }
-        when Array then value.map { |v| jsonable(v) }
-        when Float then value.finite? ? value : nil
-        else value
-        end
       end
 
       def run_hooks(key, *args)
