@@ -37,6 +37,18 @@ class SignalsTest < Minitest::Test
     Net::HTTP.get_response(URI("http://127.0.0.1:#{port}/?#{query}"))
   end
 
+  # A request the app is in (it sleeps seconds); the thread's value is the
+  # response, or the error a fast stop caused.
+  def request_in_the_app(server, seconds)
+    slow = Thread.new do
+      get(server.port, "sleep=#{seconds}")
+    rescue StandardError => e
+      e
+    end
+    server.wait_for(/app: sleeping #{seconds}/)
+    slow
+  end
+
   def test_term_drains_in_flight_requests_then_exits
     server = cluster
     booted(server, 2)
@@ -62,12 +74,7 @@ class SignalsTest < Minitest::Test
   def test_int_stops_fast_even_with_a_slow_request
     server = cluster
     booted(server, 2)
-    slow = Thread.new do
-      get(server.port, "sleep=5")
-    rescue StandardError => e
-      e
-    end
-    server.wait_for(/app: sleeping 5/)
+    slow = request_in_the_app(server, 5)
     t = Time.now
     server.signal("INT")
     assert server.wait(5)
@@ -150,12 +157,7 @@ class SignalsTest < Minitest::Test
   def test_int_during_a_hot_restart_stops_instead
     server = cluster
     booted(server, 2)
-    slow = Thread.new do
-      get(server.port, "sleep=5")
-    rescue StandardError => e
-      e
-    end
-    server.wait_for(/app: sleeping 5/)
+    slow = request_in_the_app(server, 5)
     server.signal("USR2")
     server.wait_for(/- Gracefully stopping/)
     server.signal("INT")
