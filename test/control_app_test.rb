@@ -211,6 +211,13 @@ class ControlAppTest < Minitest::Test
     assert_equal [[0.1, 1], ["+Inf", 2]], json["timing"]["h"]["buckets"]
   end
 
+  # The conversion the control app and a worker's check-in share.
+  def test_json_safe_replaces_every_non_finite_float
+    value = { a: [1.5, -Float::INFINITY, { b: Float::NAN }], c: "x", d: 2 }
+    assert_equal({ a: [1.5, nil, { b: nil }], c: "x", d: 2 }, Serval::JSONSafe.convert(value) { nil })
+    assert_equal({ a: [1.5, "-Infinity", { b: "NaN" }], c: "x", d: 2 }, Serval::JSONSafe.convert(value, &:to_s))
+  end
+
   # --- served by Serval::Control ---
 
   def unix_get(path, sock)

@@ -41,6 +41,30 @@ class LauncherTest < Minitest::Test
     end
   end
 
+  # The pidfile is written as the state file is (Serval::AtomicFile): a
+  # symlink planted at the temp name the old code used is not followed.
+  def test_pidfile_write_follows_no_planted_symlink
+    Dir.mktmpdir do |dir|
+      pidfile = File.join(dir, "serval.pid")
+      victim = File.join(dir, "victim")
+      File.write(victim, "keep me\n")
+      File.symlink(victim, "#{pidfile}.#{Process.pid}.tmp")
+      old_umask = File.umask(0o077)
+      launcher, thread = begin
+        launch(pidfile: pidfile)
+      ensure
+        File.umask(old_umask)
+      end
+      assert_equal "keep me\n", File.read(victim)
+      refute File.symlink?(pidfile)
+      assert_equal "#{Process.pid}\n", File.read(pidfile)
+      assert_equal 0o644, File.stat(pidfile).mode & 0o777
+      assert_equal [], Dir.glob("#{pidfile}.*.tmp").reject { |f| File.symlink?(f) }, "a temp file left behind"
+      launcher.stop(graceful: false)
+      assert_equal 0, thread.value
+    end
+  end
+
   def test_boot_failure_is_reported_to_waiters
     taken = TCPServer.new("127.0.0.1", 0)
     options = Serval::Configuration.finish(Serval::Configuration::DEFAULTS.merge(binds: ["tcp://127.0.0.1:#{taken.local_address.ip_port}"]))

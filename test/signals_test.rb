@@ -37,6 +37,18 @@ class SignalsTest < Minitest::Test
     Net::HTTP.get_response(URI("http://127.0.0.1:#{port}/?#{query}"))
   end
 
+  # A request the app is in (it sleeps seconds); the thread's value is the
+  # response, or the error a fast stop caused.
+  def request_in_the_app(server, seconds)
+    slow = Thread.new do
+      get(server.port, "sleep=#{seconds}")
+    rescue StandardError => e
+      e
+    end
+    server.wait_for(/app: sleeping #{seconds}/)
+    slow
+  end
+
   def test_term_drains_in_flight_requests_then_exits
     server = cluster
     booted(server, 2)
@@ -62,12 +74,7 @@ class SignalsTest < Minitest::Test
   def test_int_stops_fast_even_with_a_slow_request
     server = cluster
     booted(server, 2)
-    slow = Thread.new do
-      get(server.port, "sleep=5")
-    rescue StandardError => e
-      e
-    end
-    server.wait_for(/app: sleeping 5/)
+    slow = request_in_the_app(server, 5)
     t = Time.now
     server.signal("INT")
     assert server.wait(5)
@@ -125,6 +132,48 @@ class SignalsTest < Minitest::Test
     server.signal("USR2")
     server.wait_for(/Adopted restart fd/)
     server.wait_for_count(/Listening on/, 2)
+    assert_equal server.pid, get(server.port).body.to_i
+  end
+
+  # Both modes share one stop (Supervisor#begin_stop): a restart asked for
+  # while a stop is under way is ignored, not done after the drain.
+  def test_usr2_during_a_graceful_stop_is_ignored
+    server = cluster
+    booted(server, 2)
+    slow = Thread.new { get(server.port, "sleep=1") }
+    server.wait_for(/app: sleeping 1/)
+    server.signal("TERM")
+    server.wait_for(/- Gracefully stopping/)
+    server.signal("USR2")
+    server.wait_for(/- Hot restart ignored: already stopping/)
+    assert_equal "200", slow.value.code
+    assert server.wait(10), server.logs
+    assert server.status.success?, server.logs
+    refute_includes server.stdout, "Restarting: exec"
+  end
+
+  # INT means "stop now", also during a hot restart's drain: the process
+  # exits instead of exec'ing.
+  def test_int_during_a_hot_restart_stops_instead
+    server = cluster
+    booted(server, 2)
+    slow = request_in_the_app(server, 5)
+    server.signal("USR2")
+    server.wait_for(/- Gracefully stopping/)
+    server.signal("INT")
+    assert server.wait(10), server.logs
+    assert server.status.success?, server.logs
+    assert_includes server.stdout, "- Stopping now"
+    refute_includes server.stdout, "Restarting: exec"
+    slow.join(5)
+  end
+
+  def test_cluster_signals_in_single_mode_are_logged_and_ignored
+    server = spawn_server(["-b", "tcp://127.0.0.1:0", "-t", "1:1"], files: { "config.ru" => APP }).boot
+    server.signal("USR1")
+    server.wait_for(/- phased_restart needs cluster mode \(workers > 0\); ignored/)
+    server.signal("TTIN")
+    server.wait_for(/- add_worker needs cluster mode \(workers > 0\); ignored/)
     assert_equal server.pid, get(server.port).body.to_i
   end
 

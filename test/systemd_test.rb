@@ -91,6 +91,20 @@ class SystemdTest < Minitest::Test
     assert server.wait(15)&.success?, server.logs
   end
 
+  # A hot restart is not a stop: systemd hears READY again from the new
+  # program (same pid), never STOPPING (in both modes: Supervisor#begin_stop).
+  def test_hot_restart_in_single_mode_notifies_ready_without_stopping
+    server = spawn_server(["-b", "tcp://127.0.0.1:0"], env: { "NOTIFY_SOCKET" => @notify_path }).boot
+    assert_match(/\AREADY=1\n/, next_message)
+    server.signal("USR2")
+    seen = messages_until(/\AREADY=1\n/)
+    assert_equal [], seen.grep(/STOPPING/), seen.inspect
+    server.wait_for(/- Restarting: exec/)
+    server.signal("TERM")
+    assert_equal "STOPPING=1", next_message
+    assert server.wait(10)&.success?, server.logs
+  end
+
   def test_unmatched_systemd_socket_is_an_extra_listener
     setup_http
     socket = TCPServer.new("127.0.0.1", 0)

@@ -1,10 +1,10 @@
 # frozen_string_literal: true
 
 module Serval
-  # The boot handshake shared by Single and Cluster: :new until booted (or
-  # :failed), then :booted, then :stopped. Other threads (the launcher's
-  # callers, the control app's starter) wait on it instead of polling. Also
-  # the one way in for commands: they go to the mode's Signals queue.
+  # The boot handshake of the supervising process (Supervisor: Single and
+  # Cluster): :new until booted (or :failed), then :booted, then :stopped.
+  # Other threads (the launcher's callers, the control app's starter) wait on
+  # it instead of polling.
   module BootState
     def booted?
       @state == :booted
@@ -22,10 +22,6 @@ module Serval
         end
         @state == :booted
       end
-    end
-
-    def enqueue(command)
-      @signals.push(command)
     end
 
     private

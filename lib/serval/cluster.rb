@@ -1,9 +1,6 @@
 # frozen_string_literal: true
 
-require "serval/launcher"
-require "serval/systemd"
-require "serval/boot_state"
-require "serval/boot_report"
+require "serval/supervisor"
 require "serval/cluster/worker_handle"
 require "serval/cluster/worker"
 require "serval/cluster/command_channel"
@@ -13,24 +10,19 @@ module Serval
   # Cluster mode: a master that serves nothing. It binds, (pre)loads the app,
   # forks `workers` Worker processes and supervises them from one loop that
   # handles commands (signals, #enqueue), worker check-ins, exits and deadlines.
-  class Cluster
-    include BootState
-
+  # Boot, the common commands, restart and cleanup are Supervisor's. (Every
+  # file under cluster/ names the superclass too, so any of them may be
+  # loaded first.)
+  class Cluster < Supervisor
+    MODE = "cluster"
+    SIGNALS = Signals::MASTER
     BACKOFF_MAX = 30.0        # seconds between respawns of a crash-looping worker
     HEALTHY_AFTER = 10.0      # a worker up this long resets its crash count
     STOP_GRACE = 5.0          # after drain_timeout, stopping workers get KILL
     LOAD_MAX_AGE = 2.0        # seconds: an older LoadTable slot is a worker that stopped measuring
 
-    attr_reader :options, :log_writer, :binder, :app
-
-    def initialize(options, log_writer:, app: nil, signals: true, restart_argv: nil)
-      @options = options
-      @log_writer = log_writer
-      @app = app
-      @signals_on = signals
-      @restart_argv = restart_argv
-      @cwd = Dir.pwd
-      @signals = Signals.new
+    def initialize(options, **)
+      super
       @wanted = options[:workers]
       @preload = options[:preload_app].nil? ? @wanted > 1 : options[:preload_app]
       @workers = {}          # index => WorkerHandle serving (or booting)
@@ -39,23 +31,6 @@ module Serval
       @failures = Hash.new(0)
       @spawn_at = Hash.new(0.0)
       @asker = CommandChannel::Asker.new
-      init_boot_state
-    end
-
-    def run
-      @signals.install(Signals::MASTER) if @signals_on
-      boot
-      supervise
-      0
-    rescue Exception
-      change_state(:failed) unless booted?
-      raise
-    ensure
-      cleanup
-    end
-
-    def urls
-      @binder ? @binder.urls : []
     end
 
     def stats
@@ -114,28 +89,14 @@ module Serval
 
     private
 
-    def boot
-      Launcher::Support.remember_log_paths
-      Dir.chdir(@options[:directory]) if @options[:directory]
-      ENV["RACK_ENV"] = @options[:environment]
-      @log_writer.info("Serval #{VERSION} (ruby #{RUBY_VERSION}-p#{RUBY_PATCHLEVEL}) starting in cluster mode")
-      BootReport.lines(@options, preload: @preload).each { |line| @log_writer.info(line) }
-      require "serval/server" # the extension is loaded once, before fork
-      @app ||= Launcher::Support.load_app(@options[:rackup]) if @preload
-      @binder = Binder.new(backlog: @options[:backlog], log_writer: @log_writer)
-      @binder.bind(@options[:binds])
-      @pidfile = Launcher::Support.write_pidfile(@options[:pidfile])
-      urls.each { |url| @log_writer.info("* Listening on #{url}") }
-      @log_writer.info("Use Ctrl-C to stop")
-      @started_at = Time.now.utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+    def start
       @options[:before_fork].each(&:call)
       @load_table = LoadTable.create(@options[:tmpdir]) # shared with every worker forked from here
       maintain
-      update_title
-      change_state(:booted)
     end
 
-    # The one loop: commands, check-ins, exits, deadlines, worker count.
+    # The one loop: commands, check-ins, exits (SIGCHLD's :child only wakes
+    # it), deadlines, worker count.
     def supervise
       @last_tick = now
       until @done
@@ -154,24 +115,14 @@ module Serval
       end
     end
 
-    def handle(command)
-      @log_writer.debug("serval: command #{command}")
-      case command
-      when :stop then begin_stop(:stop)
-      when :halt then begin_stop(:halt)
-      when :restart then restart
-      when :phased_restart then phased_restart
-      when :reopen_logs
-        Launcher::Support.reopen_logs(@log_writer)
-        handles.each { |h| h.signal("HUP") }
-      when :add_worker then change_count(@wanted + 1)
-      when :remove_worker then change_count(@wanted - 1)
-      when :dump_threads
-        Launcher::Support.dump_threads(@log_writer, "master [#{Process.pid}]")
-        handles.each { |h| h.signal(Signals::DUMP_SIGNAL) }
-      when :child then nil # reaped below
-      end
+    def on_add_worker = change_count(@wanted + 1)
+    def on_remove_worker = change_count(@wanted - 1)
+
+    def forward(signal)
+      handles.each { |h| h.signal(signal) }
     end
+
+    def process_label = "master [#{Process.pid}]"
 
     def handles
       @workers.values + @retiring
@@ -288,7 +239,7 @@ module Serval
     end
 
     # USR1: one old worker at a time, once every current worker is booted.
-    def phased_restart
+    def on_phased_restart
       @phase += 1
       @log_writer.info("- Phased restart to phase #{@phase}#{@preload ? ' (preloaded: app code is not reloaded)' : ''}")
     end
@@ -305,8 +256,7 @@ module Serval
       @retiring << handle
       handle.stop_sent_at = now
       @log_writer.info("- Stopping worker #{handle.index} (PID: #{handle.pid})")
-      @options[:before_worker_shutdown] # run in the worker, on TERM
-      handle.signal("TERM")
+      handle.signal("TERM") # the worker runs before_worker_shutdown on it
     end
 
     def spawn_worker(index)
@@ -335,13 +285,9 @@ module Serval
       Process.exit!(code)
     end
 
-    def begin_stop(how)
-      return if @stopping == :halt || (@stopping && how == :stop)
-
-      @stopping = how
+    # Every worker drains (TERM) or halts (INT); #finish_stop waits for them.
+    def stop_serving(how)
       @stop_deadline = now + (how == :halt ? STOP_GRACE : @options[:drain_timeout] + STOP_GRACE)
-      Systemd.notify_stopping unless @restarting
-      @log_writer.info(how == :halt ? "- Stopping now" : "- Gracefully stopping, waiting up to #{@options[:drain_timeout]}s for requests to finish")
       sig = how == :halt ? "INT" : "TERM"
       @workers.each_value { |h| h.stop_sent_at ||= now }
       # A worker still booting has no request to drain (and may be stuck in a
@@ -359,42 +305,19 @@ module Serval
       end
     end
 
-    # USR2: stop the workers gracefully (the listeners stay open here, so
-    # new connections wait in the kernel's backlog), then exec the same command.
-    def restart
-      return @log_writer.info("- Hot restart is not available (no command to exec)") unless @restart_argv
-
-      @restarting = true
-      begin_stop(:stop)
-    end
-
-    def exec_restart
-      Launcher::Support.remove_pidfile(@pidfile)
-      @signals.close
-      Launcher::Support.exec_restart(@restart_argv, @cwd, @binder, @log_writer)
-    end
-
     def update_title
       ProcessTitle.master(@options[:binds], @options[:tag], booted: @workers.values.count(&:booted?), wanted: @wanted)
     end
 
-    def cleanup
+    # Workers still running at the end (boot failed, an exception) are killed.
+    def release
       handles.each { |h| h.signal("KILL") } unless @done
       handles.each do |h|
         Process.wait(h.pid)
       rescue Errno::ECHILD
         nil
       end
-      @binder&.close
       @load_table&.close
-      Launcher::Support.remove_pidfile(@pidfile)
-      @signals.close
-      @log_writer.info("- Goodbye!") if @state == :booted
-      change_state(:stopped)
-    end
-
-    def now
-      Process.clock_gettime(Process::CLOCK_MONOTONIC)
     end
   end
 end

@@ -3,6 +3,7 @@
 require "json"
 require "rack/utils"
 require "serval/commands"
+require "serval/json_safe"
 
 module Serval
   # The control app: a Rack app answering GET /<command>?token=TOKEN with
@@ -131,18 +132,10 @@ module Serval
       nil
     end
 
-    # JSON has no Infinity/NaN (histogram buckets end at +Inf): send them as strings.
-    def jsonable(value)
-      case value
-      when Hash then value.transform_values { |v| jsonable(v) }
-      when Array then value.map { |v| jsonable(v) }
-      when Float then value.finite? ? value : value.to_s.sub("Infinity", "Inf").sub(/\AInf/, "+Inf")
-      else value
-      end
-    end
-
+    # Infinity and NaN travel as strings ("+Inf", "-Inf", "NaN").
     def answer(status, body)
-      respond(status, JSON.generate(jsonable(body)))
+      json = JSONSafe.convert(body) { |f| f.to_s.sub("Infinity", "Inf").sub(/\AInf/, "+Inf") }
+      respond(status, JSON.generate(json))
     end
 
     def respond(status, json)

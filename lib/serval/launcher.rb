@@ -29,13 +29,9 @@ module Serval
     # restart_argv: the command a hot restart (USR2) execs; nil disables it
     def initialize(options, log_writer: LogWriter.new, app: nil, signals: true, restart_argv: nil)
       @mode = options.fetch(:workers, 0).positive? ? :cluster : :single
-      if @mode == :cluster
-        require "serval/cluster"
-        @impl = Cluster.new(options, log_writer: log_writer, app: app, signals: signals, restart_argv: restart_argv)
-      else
-        require "serval/single"
-        @impl = Single.new(options, log_writer: log_writer, app: app, signals: signals, restart_argv: restart_argv)
-      end
+      require "serval/#{@mode}"
+      mode_class = @mode == :cluster ? Cluster : Single # both Serval::Supervisor
+      @impl = mode_class.new(options, log_writer: log_writer, app: app, signals: signals, restart_argv: restart_argv)
     end
 
     # The control app, metrics listener and state file (Serval::Control)
@@ -74,9 +70,8 @@ module Serval
     # (agent_check_url) and GET /ready on the metrics listener.
     def capacity = @impl.capacity
 
-    def server
-      @impl.respond_to?(:server) ? @impl.server : nil
-    end
+    # Single mode's Server; nil in cluster mode (the workers have theirs).
+    def server = @impl.server
 
     # Programmatic stop, safe from any thread (and before boot finished).
     def stop(graceful: true)
@@ -124,7 +119,8 @@ module Serval
     # mode every worker's, merged, with per_process and missing workers.
     def window = @impl.window
 
-    # Helpers shared by Single and Cluster (the process that supervises).
+    # Helpers of the supervising process (Supervisor) that a cluster worker
+    # uses too.
     module Support
       module_function
 
@@ -157,7 +153,7 @@ module Serval
         end
       end
 
-      def dump_threads(log_writer, who = "serval[#{Process.pid}]")
+      def dump_threads(log_writer, who)
         thread_backtraces.each do |name, trace|
           log_writer.error("#{who} thread #{name}\n    #{trace.join("\n    ")}")
         end
@@ -171,26 +167,6 @@ module Serval
         require "rack/builder"
         result = Rack::Builder.parse_file(path)
         result.is_a?(Array) ? result.first : result
-      end
-
-      def write_pidfile(path)
-        return nil unless path
-
-        FileUtils.mkdir_p(File.dirname(path))
-        tmp = "#{path}.#{Process.pid}.tmp"
-        File.write(tmp, "#{Process.pid}\n")
-        File.rename(tmp, path)
-        File.expand_path(path)
-      rescue SystemCallError => e
-        raise ConfigError, "pidfile: cannot write #{path} (#{e.message})"
-      end
-
-      def remove_pidfile(path)
-        return unless path && File.file?(path)
-
-        File.unlink(path) if File.read(path).to_i == Process.pid
-      rescue SystemCallError
-        nil
       end
 
       # The files stdout/stderr point to at boot (nil: a terminal or a pipe).
@@ -217,15 +193,6 @@ module Serval
         end
         log_writer.info("- Reopened #{reopened.uniq.join(', ')}") unless reopened.empty?
         reopened
-      end
-
-      # USR2: exec the same command, keeping the listening sockets (their fd
-      # numbers and URLs travel in SERVAL_INHERITED_FDS; Binder adopts them).
-      def exec_restart(argv, dir, binder, log_writer)
-        log_writer.info("- Restarting: exec #{argv.join(' ')}")
-        $stdout.flush
-        $stderr.flush
-        Kernel.exec(binder.inherit_env, *argv, chdir: dir, close_others: false, **binder.inherit_redirects)
       end
 
       def now

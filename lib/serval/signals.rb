@@ -6,28 +6,28 @@ require "io/wait"
 
 module Serval
   # Signals and programmatic commands share one self-pipe. A trap handler only
-  # writes the command's name into the pipe; the supervisor loop reads names
-  # back with #wait and handles them in a single `case`.
+  # writes the command's name into the pipe; the process's loop reads names
+  # back with #wait or #read and hands each to its handler (Commands.dispatch).
   #
   #   signals = Serval::Signals.new
   #   signals.install(Serval::Signals::MASTER)
   #   signals.wait(5)   # => [:stop] (commands, in arrival order; [] on timeout)
+  #
+  # The three tables below are views of lib/serval/commands.rb's one table.
   class Signals
     DUMP_SIGNAL = Commands::DUMP_SIGNAL
 
-    # signal => command, for the process that supervises (single mode or the
-    # cluster master): lib/serval/commands.rb's table, plus SIGCHLD.
-    MASTER = Commands::SIGNALS.merge("CHLD" => :child).freeze
+    # signal => command in single mode.
+    SINGLE = Commands::SIGNALS
 
-    # signal => command, in a cluster worker (the master sends TERM/INT/HUP/dump).
-    WORKER = {
-      "TERM" => :stop, "QUIT" => :stop, "INT" => :halt, "HUP" => :reopen_logs,
-      DUMP_SIGNAL => :dump_threads, "USR1" => :ignore, "USR2" => :ignore,
-      "TTIN" => :ignore, "TTOU" => :ignore, "CHLD" => :ignore
-    }.freeze
+    # signal => command in the cluster master: SINGLE, plus SIGCHLD to reap
+    # an exited worker at once.
+    MASTER = SINGLE.merge("CHLD" => :child).freeze
 
-    COMMANDS = %i[stop halt restart phased_restart reopen_logs add_worker remove_worker
-                  dump_threads child ignore stopped].freeze
+    # signal => command in a cluster worker: the commands it acts on
+    # (Commands::WORKER); a master's signal sent to it by mistake is ignored.
+    WORKER = SINGLE.transform_values { |c| Commands::WORKER.include?(c) ? c : :ignore }
+                   .merge("CHLD" => :ignore).freeze
 
     attr_reader :reader
 
@@ -67,7 +67,7 @@ module Serval
       names = []
       while (line = @buffer.slice!(/\A[^\n]*\n/))
         name = line.chomp.to_sym
-        names << name if COMMANDS.include?(name)
+        names << name if Commands::QUEUEABLE.include?(name)
       end
       names
     rescue IOError

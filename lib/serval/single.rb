@@ -1,58 +1,20 @@
 # frozen_string_literal: true
 
-require "serval/launcher"
-require "serval/systemd"
-require "serval/boot_state"
-require "serval/boot_report"
+require "serval/supervisor"
 
 module Serval
-  # Single mode: one process loads the app, binds, runs the Server and then
-  # supervises: one loop reads commands (from signals or #enqueue) off the
-  # self-pipe and handles them in a single `case`.
-  class Single
-    include BootState
+  # Single mode: one process loads the app, binds, runs the Server and
+  # supervises it. Boot, commands, restart and cleanup are Supervisor's;
+  # here: the Server, the loop (commands only) and how a stop reaches the
+  # Server. The cluster-only commands have no handler here, so #enqueue
+  # refuses them (the control app answers 501) and their signals are logged
+  # and ignored.
+  class Single < Supervisor
+    MODE = "single"
+    SIGNALS = Signals::SINGLE
+    JOIN_TIMEOUT = 5 # seconds for the stopper and watcher threads at the end
 
-    STOPPER_JOIN_TIMEOUT = 5
-
-    attr_reader :options, :log_writer, :server, :binder, :app
-
-    def initialize(options, log_writer:, app: nil, signals: true, restart_argv: nil)
-      @options = options
-      @log_writer = log_writer
-      @app = app
-      @signals_on = signals
-      @restart_argv = restart_argv
-      @cwd = Dir.pwd
-      @signals = Signals.new
-      init_boot_state
-      @status = 0
-    end
-
-    def run
-      @signals.install(Signals::MASTER.except("CHLD")) if @signals_on
-      boot
-      supervise
-      @status
-    rescue Exception
-      change_state(:failed) unless booted?
-      raise
-    ensure
-      cleanup
-    end
-
-    def urls
-      @binder ? @binder.urls : []
-    end
-
-    # Commands that need workers: refused here (the control app answers 501;
-    # the same signals are logged and ignored by the supervisor loop).
-    CLUSTER_ONLY = %i[phased_restart add_worker remove_worker].freeze
-
-    def enqueue(command)
-      return false if CLUSTER_ONLY.include?(command)
-
-      super
-    end
+    attr_reader :server
 
     # Everything Server#stats reports (the figures a cluster worker sends with
     # its check-in), plus when this process booted.
@@ -74,15 +36,11 @@ module Serval
       JSON.generate(GVLTrace.record(seconds))
     end
 
-    def thread_backtraces
-      Launcher::Support.thread_backtraces
-    end
-
     # What load balancers are told (Serval::Capacity): this process,
     # measured on each call. Called from the agent-check and metrics threads.
     def capacity
       require "serval/capacity"
-      state = if @stopper || @halted then :stopping
+      state = if @stopping || @server_done then :stopping
               elsif !booted? || !@server then :booting
               end
       return Capacity.new(state: state) if state
@@ -94,26 +52,11 @@ module Serval
     private
 
     def boot
-      Launcher::Support.remember_log_paths
-      Dir.chdir(@options[:directory]) if @options[:directory]
-      ENV["RACK_ENV"] = @options[:environment]
-      @log_writer.info("Serval #{VERSION} (ruby #{RUBY_VERSION}-p#{RUBY_PATCHLEVEL}) starting in single mode")
-      BootReport.lines(@options).each { |line| @log_writer.info(line) }
-      @app ||= Launcher::Support.load_app(@options[:rackup])
-      @binder = Binder.new(backlog: @options[:backlog], log_writer: @log_writer)
-      @binder.bind(@options[:binds])
-      start_server
-      @pidfile = Launcher::Support.write_pidfile(@options[:pidfile])
-      ProcessTitle.master(@options[:binds], @options[:tag])
-      urls.each { |url| @log_writer.info("* Listening on #{url}") }
-      @log_writer.info("Use Ctrl-C to stop")
-      @started_at = Time.now.utc.strftime("%Y-%m-%dT%H:%M:%SZ")
-      change_state(:booted)
+      super
       Systemd.notify_ready
     end
 
-    def start_server
-      require "serval/server"
+    def start
       @server = Server.new(@app, @options, log_writer: @log_writer)
       @binder.listeners.each { |l| @server.listen(l.io, l.tls) }
       @server.run
@@ -125,30 +68,22 @@ module Serval
       end
     end
 
-    # The one place commands are handled; returns when the process should exit.
     def supervise
-      loop do
+      until @done
         @signals.wait(nil).each do |command|
-          @log_writer.debug("serval: command #{command}")
-          case command
-          when :stop then graceful_stop
-          when :halt then return fast_stop
-          when :stopped then return finished
-          when :restart then restart
-          when :reopen_logs then Launcher::Support.reopen_logs(@log_writer)
-          when :dump_threads then Launcher::Support.dump_threads(@log_writer)
-          when :phased_restart, :add_worker, :remove_worker
-            @log_writer.info("- #{command} needs cluster mode (workers > 0); ignored")
-          end
+          handle(command)
+          break if @done
         end
       end
     end
 
-    def graceful_stop
-      return if @stopper
+    def update_title
+      ProcessTitle.master(@options[:binds], @options[:tag])
+    end
 
-      Systemd.notify_stopping
-      @log_writer.info("- Gracefully stopping, waiting up to #{@options[:drain_timeout]}s for requests to finish")
+    def stop_serving(how)
+      return halt_server if how == :halt
+
       @stopper = Thread.new do
         Thread.current.name = "serval-stopper"
         @server.stop(@options[:drain_timeout])
@@ -160,48 +95,28 @@ module Serval
       end
     end
 
-    def fast_stop
-      @log_writer.info("- Stopping now")
-      Systemd.notify_stopping
-      @halted = true
+    def halt_server
       @server.halt
+      @done = true
     end
 
-    def finished
-      @halted = true unless @stopper # the server ended on its own
+    # The Server ended: drained, halted, or on its own.
+    def on_stopped
+      @server_done = true
+      @done = true
       exec_restart if @restarting
     end
 
-    # USR2: drain this server on copies of the listeners (the originals are
-    # closed by Server#stop), then exec; the kernel keeps queueing new
-    # connections on the inherited sockets meanwhile.
-    def restart
-      return @log_writer.info("- Hot restart is not available (no command to exec)") unless @restart_argv
-      return if @stopper
-
+    # Server#stop closes the listeners it serves: it is given copies, and
+    # the binder's own sockets survive the exec.
+    def keep_listeners_for_exec
       @binder.listeners.each { |l| l.io = l.io.dup }
-      @restarting = true
-      graceful_stop
     end
 
-    def exec_restart
-      @watcher&.join(STOPPER_JOIN_TIMEOUT)
-      @stopper&.join(STOPPER_JOIN_TIMEOUT)
-      Launcher::Support.remove_pidfile(@pidfile)
-      @signals.close
-      Launcher::Support.exec_restart(@restart_argv, @cwd, @binder, @log_writer)
-    end
-
-    def cleanup
-      @server.halt if @server && !@stopper && !@halted
-
-      @stopper&.join(STOPPER_JOIN_TIMEOUT)
-      @watcher&.join(STOPPER_JOIN_TIMEOUT)
-      @binder&.close
-      Launcher::Support.remove_pidfile(@pidfile)
-      @signals.close
-      @log_writer.info("- Goodbye!") if @state == :booted
-      change_state(:stopped)
+    def release
+      @server.halt if @server && !@stopping && !@server_done
+      @stopper&.join(JOIN_TIMEOUT)
+      @watcher&.join(JOIN_TIMEOUT)
     end
   end
 end

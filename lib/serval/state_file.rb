@@ -1,8 +1,7 @@
 # frozen_string_literal: true
 
-require "fileutils"
-require "securerandom"
 require "yaml"
+require "serval/atomic_file"
 require "serval/errors"
 
 module Serval
@@ -25,28 +24,14 @@ module Serval
       @path = File.expand_path(path)
     end
 
-    # Atomic write (temp file + rename); nil values are left out. The temp
-    # file has a random name and is created exclusively (O_EXCL, which also
-    # refuses a symlink in its place) with mode 0600, so a file or symlink
-    # planted beside the state file can neither read the token nor redirect
-    # the write; rename replaces a symlink at the path itself, never its target.
+    # Atomic and exclusive (Serval::AtomicFile), mode 0600; nil values are
+    # left out.
     def write(values)
       data = values.to_h { |k, v| [k.to_s, v] }.compact
-      FileUtils.mkdir_p(File.dirname(@path))
-      tmp = "#{@path}.#{SecureRandom.hex(8)}.tmp"
-      created = nil
-      File.open(tmp, File::WRONLY | File::CREAT | File::EXCL | File::NOFOLLOW, 0o600) do |f|
-        created = tmp
-        f.chmod(0o600) # whatever the umask
-        f.write(YAML.dump(data))
-      end
-      File.rename(tmp, @path)
-      created = nil
+      AtomicFile.write(@path, YAML.dump(data), 0o600)
       @pid = Process.pid
     rescue SystemCallError => e
       raise ConfigError, "state_path: cannot write #{@path} (#{e.message})"
-    ensure
-      File.unlink(created) if created && File.exist?(created) # ours, left by a failed write
     end
 
     # Hash with string keys; raises ConfigError when missing or malformed.

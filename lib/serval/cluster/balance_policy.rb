@@ -1,7 +1,9 @@
 # frozen_string_literal: true
 
+require "serval/supervisor"
+
 module Serval
-  class Cluster
+  class Cluster < Supervisor
     # When a worker stops taking connections and when it moves one away; a
     # pure object fed the worker's own windowed load and its siblings'
     # (LoadTable entries), so it is tested without processes.

@@ -4,9 +4,10 @@ require "serval/threads"
 require "serval/load_meter"
 require "serval/cluster/load_table"
 require "serval/cluster/balance_policy"
+require "serval/supervisor"
 
 module Serval
-  class Cluster
+  class Cluster < Supervisor
     # One thread per worker ("serval-balance") that wakes every TICK seconds,
     # never per request: measures this worker's load over the last
     # `interval` seconds (GVL held, requests in flight), publishes it in its

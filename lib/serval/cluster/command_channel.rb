@@ -3,9 +3,10 @@
 require "json"
 require "socket"
 require "serval/threads"
+require "serval/supervisor"
 
 module Serval
-  class Cluster
+  class Cluster < Supervisor
     # Requests from the master that a worker answers (a GVL trace, thread
     # backtraces), on one UNIX stream socket pair per worker. The pair is also
     # the worker's sign of life of the master: EOF on the worker's end means

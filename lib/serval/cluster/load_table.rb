@@ -1,7 +1,9 @@
 # frozen_string_literal: true
 
+require "serval/supervisor"
+
 module Serval
-  class Cluster
+  class Cluster < Supervisor
     # The workers' load, shared: an unlinked file the master opens before the
     # first fork, one fixed-size slot per worker index. Each worker's
     # Balancer writes its own slot every Balancer::TICK (pwrite, one system

@@ -4,9 +4,11 @@ require "json"
 require "serval/launcher"
 require "serval/cluster/command_channel"
 require "serval/cluster/balancer"
+require "serval/json_safe"
+require "serval/supervisor"
 
 module Serval
-  class Cluster
+  class Cluster < Supervisor
     # One worker process, after fork: runs the hooks, starts its own Server
     # (native core and thread pool start here, never in the master), checks in
     # with the master every worker_check_interval seconds with its stats,
@@ -71,64 +73,51 @@ module Serval
                                  interval: @options[:gvl_balance_interval], enabled: @options[:gvl_balance]).start
       end
 
+      # Until a stop: the master's signals (Signals::WORKER, each handled by
+      # its on_<command>, Commands.dispatch), its requests, and check-ins.
       def supervise
         interval = @options[:worker_check_interval]
         next_checkin = Launcher::Support.now + interval
-        loop do
+        until @code
           ready, = IO.select([@signals.reader, @control_io], nil, nil, [next_checkin - Launcher::Support.now, 0].max)
           if ready&.include?(@control_io) && !@responder.read
             @log_writer.info("- Worker #{@index} (PID: #{Process.pid}): master is gone, stopping")
-            return stop
+            on_stop
           end
-          if ready&.include?(@signals.reader)
-            @signals.read.each do |command|
-              case command
-              when :stop then return stop
-              when :halt then return halt
-              when :reopen_logs then Launcher::Support.reopen_logs(@log_writer)
-              when :dump_threads then Launcher::Support.dump_threads(@log_writer, "worker #{@index} [#{Process.pid}]")
-              end
-            end
-          end
-          if Launcher::Support.now >= next_checkin
+          @signals.read.each { |command| Commands.dispatch(self, command) unless @code } if ready&.include?(@signals.reader)
+          if !@code && Launcher::Support.now >= next_checkin
             checkin
             next_checkin = Launcher::Support.now + interval
           end
         end
+        @code
       end
 
-      def stop
+      def on_stop
         run_hooks(:before_worker_shutdown, @index)
         @balancer&.stop
         @server.stop(@options[:drain_timeout])
-        0
+        @code = 0
       end
 
-      def halt
+      def on_halt
         @balancer&.stop
         @server.halt
-        0
+        @code = 0
       end
+
+      def on_reopen_logs = Launcher::Support.reopen_logs(@log_writer)
+      def on_dump_threads = Launcher::Support.dump_threads(@log_writer, "worker #{@index} [#{Process.pid}]")
 
       # One JSON line; skipped (not blocked on) when the master is not reading.
       def checkin(booted: false)
         stats = @server.stats
         stats = stats.merge(@balancer.stats) if @balancer
         ProcessTitle.worker(@index, @options[:tag], stats)
-        line = JSON.generate(pid: Process.pid, index: @index, booted: booted, status: jsonable(stats))
+        line = JSON.generate(pid: Process.pid, index: @index, booted: booted, status: JSONSafe.convert(stats) { nil }) # no Infinity/NaN in JSON
         @status_io.write_nonblock("#{line}\n", exception: false)
       rescue IOError, SystemCallError
         nil
-      end
-
-      # JSON has no Infinity/NaN: such figures travel as nil.
-      def jsonable(value)
-        case value
-        when Hash then value.transform_values { |v| jsonable(v) }
-        when Array then value.map { |v| jsonable(v) }
-        when Float then value.finite? ? value : nil
-        else value
-        end
       end
 
       def run_hooks(key, *args)

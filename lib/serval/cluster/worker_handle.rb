@@ -2,9 +2,10 @@
 
 require "json"
 require "serval/cluster/command_channel"
+require "serval/supervisor"
 
 module Serval
-  class Cluster
+  class Cluster < Supervisor
     # The master's view of one worker process: its status pipe and command
     # channel (CommandChannel), its last check-in (on the monotonic clock, for
     # deadlines; wall clock for stats) and the Server#stats it sent with it.
