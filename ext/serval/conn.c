@@ -11,10 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/epoll.h>
-#include <sys/sendfile.h>
-#include <sys/socket.h>
 #include "serval.h"
-#include "tls.h"
+#include "transport.h"
 
 sv_conn *sv_conn_new(sv_core *core, int fd, sv_listener *l)
 {
@@ -28,6 +26,7 @@ sv_conn *sv_conn_new(sv_core *core, int fd, sv_listener *l)
     c->body_fd = -1;
     c->file_fd = -1;
     c->out.acct = &core->out_bytes;
+    c->io = &sv_plain_transport; /* sv_transport_open picks the listener's */
     atomic_store(&c->owner, SV_OWN_LOOP);
     c->state = SV_ST_HEAD;
     return c;
@@ -118,9 +117,7 @@ size_t sv_conn_spill(sv_conn *c, const char *p, size_t n)
 
 void sv_conn_free(sv_conn *c)
 {
-    if (c->tls)
-        sv_tls_conn_free(c);
-    close_if_open(&c->fd);
+    c->io->close(c);
     close_if_open(&c->body_fd);
     file_done(c);
     sv_buf_free(&c->in);
@@ -131,7 +128,7 @@ void sv_conn_free(sv_conn *c)
 }
 
 /* Forget the request that was just answered; keep pipelined bytes. */
-void sv_conn_reset_request(sv_conn *c)
+static void reset_request(sv_conn *c)
 {
     close_if_open(&c->body_fd);
     file_done(c);
@@ -156,60 +153,52 @@ void sv_conn_reset_request(sv_conn *c)
 
 int sv_conn_flush(sv_conn *c)
 {
-    if (c->tls) {
-        int r = sv_tls_flush(c);
-        if (r == 1)
-            file_done(c);
-        return r;
-    }
-    while (c->out.off < c->out.len) {
-        ssize_t n = send(c->fd, c->out.data + c->out.off, c->out.len - c->out.off, MSG_NOSIGNAL);
-        if (n > 0) {
-            c->out.off += (size_t)n;
-        } else if (n < 0 && errno == EINTR) {
-            continue;
-        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            return 0;
-        } else {
-            return -1;
-        }
-    }
-    c->out.len = c->out.off = 0;
-    if (c->file_rem > 0 && c->out.cap > SV_OUT_MIN)
-        sv_buf_free(&c->out); /* the rest comes from the file: give the memory back now */
-    while (c->file_rem > 0) {
-        size_t want = c->file_rem > (1u << 30) ? (1u << 30) : (size_t)c->file_rem;
-        ssize_t n = sendfile(c->fd, c->file_fd, &c->file_off, want);
-        if (n > 0) {
-            c->file_rem -= (uint64_t)n;
-        } else if (n < 0 && errno == EINTR) {
-            continue;
-        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            return 0;
-        } else {
-            return -1; /* error, or the file shrank under us */
-        }
-    }
-    file_done(c);
-    return 1;
+    int r = c->io->flush(c);
+    if (r == 1)
+        file_done(c);
+    return r;
 }
 
-void sv_loop_arm(sv_conn *c, uint32_t events)
+/* The next step: its state, its deadline, the events to wait for. */
+static sv_next wait_for(sv_conn *c, int state, double timeout, uint32_t want, uint32_t *events)
 {
-    struct epoll_event ev;
-    memset(&ev, 0, sizeof(ev));
-    ev.events = (c->tls ? sv_tls_events(c, events) : events) | EPOLLONESHOT;
-    ev.data.ptr = c;
-    epoll_ctl(c->core->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+    c->state = state;
+    c->deadline = sv_now() + timeout;
+    *events = want;
+    return SV_NEXT_WAIT;
+}
+
+sv_next sv_conn_after_flush(sv_conn *c, int r, uint32_t *events)
+{
+    sv_core *core = c->core;
+    const sv_options *o = &core->opt;
+    if (r < 0)
+        return SV_NEXT_CLOSE;
+    if (r == 0) /* the socket is full: the loop writes the rest when it drains */
+        return wait_for(c, SV_ST_WRITE, o->write_timeout, EPOLLOUT, events);
+    if (!c->keep_alive || c->close_after || atomic_load(&core->draining) || atomic_load(&core->stopping)) {
+        if (!c->close_after && c->in.len <= c->consumed)
+            return SV_NEXT_CLOSE;
+        /* After an error answer, or with unread pipelined input: lingering
+         * close, so the peer reads our bytes instead of a reset. */
+        c->io->shutdown(c);
+        c->in.len = 0;
+        return wait_for(c, SV_ST_LINGER, SV_LINGER_SECONDS, EPOLLIN, events);
+    }
+    reset_request(c);
+    if (c->in.len > 0) { /* pipelined: the next head is already here */
+        c->state = SV_ST_HEAD;
+        c->deadline = sv_now() + o->read_timeout;
+        return SV_NEXT_PARSE;
+    }
+    return wait_for(c, SV_ST_HEAD, o->persistent_timeout, EPOLLIN, events);
 }
 
 /* Ruby side: the connection is closed and goes to the loop to be freed. */
 void sv_conn_give_to_loop_dead(sv_conn *c)
 {
     sv_core *core = c->core;
-    if (c->tls)
-        sv_tls_close_notify(c);
-    close_if_open(&c->fd);
+    c->io->close(c);
     pthread_mutex_lock(&core->mu);
     atomic_store(&c->owner, SV_OWN_DEAD);
     c->next = core->dead;
@@ -218,14 +207,14 @@ void sv_conn_give_to_loop_dead(sv_conn *c)
     sv_core_wake(core); /* free it now: it holds a max_connections slot */
 }
 
-/* Ruby side: publish the connection to the loop in a given state. The store and
- * the re-arm happen under the core mutex so the loop's timeout scan never sees
- * a loop-owned connection that is not armed yet. */
-static void hand_to_loop(sv_conn *c, int state, double timeout, uint32_t events)
+/* Ruby side: publish the connection to the loop, its state and deadline set
+ * (sv_conn_after_flush): armed for `events`, or with none on the return
+ * list, for the loop to parse a pipelined request. The store and the re-arm
+ * happen under the core mutex so the loop's timeout scan never sees a
+ * loop-owned connection that is not armed yet. */
+static void hand_to_loop(sv_conn *c, uint32_t events)
 {
     sv_core *core = c->core;
-    c->state = state;
-    c->deadline = sv_now() + timeout;
     pthread_mutex_lock(&core->mu);
     if (core->stopping) {
         pthread_mutex_unlock(&core->mu);
@@ -247,32 +236,10 @@ static void hand_to_loop(sv_conn *c, int state, double timeout, uint32_t events)
 /* Ruby side, without the GVL: the application finished its response. */
 void sv_conn_response_done(sv_conn *c)
 {
-    sv_options *o = &c->core->opt;
-    int r = sv_conn_flush(c);
-    if (r < 0) {
-        sv_conn_give_to_loop_dead(c);
-        return;
+    uint32_t events = 0;
+    switch (sv_conn_after_flush(c, sv_conn_flush(c), &events)) {
+    case SV_NEXT_CLOSE: sv_conn_give_to_loop_dead(c); break;
+    case SV_NEXT_PARSE: hand_to_loop(c, 0); break;
+    case SV_NEXT_WAIT: hand_to_loop(c, events); break;
     }
-    if (r == 0) {
-        hand_to_loop(c, SV_ST_WRITE, o->write_timeout, EPOLLOUT);
-        return;
-    }
-    if (!c->keep_alive || c->close_after) {
-        if (c->in.len > c->consumed) {
-            /* unread pipelined input: lingering close so the peer gets our bytes */
-            if (c->tls)
-                sv_tls_close_notify(c);
-            shutdown(c->fd, SHUT_WR);
-            c->in.len = 0;
-            hand_to_loop(c, SV_ST_LINGER, SV_LINGER_SECONDS, EPOLLIN);
-        } else {
-            sv_conn_give_to_loop_dead(c);
-        }
-        return;
-    }
-    sv_conn_reset_request(c);
-    if (c->in.len > 0)
-        hand_to_loop(c, SV_ST_HEAD, o->read_timeout, 0); /* pipelined: loop parses */
-    else
-        hand_to_loop(c, SV_ST_HEAD, o->persistent_timeout, EPOLLIN);
 }

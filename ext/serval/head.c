@@ -204,11 +204,15 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw
         }
     }
     int bodyless = code < 200 || code == 204 || code == 304;
-    /* draining, queued and waiting belong to the scheduler: read under its lock */
-    pthread_mutex_lock(&core->mu);
-    int draining = core->draining;
-    int busy = core->queued > (size_t)core->waiting;
-    pthread_mutex_unlock(&core->mu);
+    /* draining is atomic (serval.h); queued and waiting belong to the
+     * scheduler and are read under its lock, only where they are used */
+    int draining = atomic_load(&core->draining);
+    int busy = 0;
+    if (core->opt.balance) {
+        pthread_mutex_lock(&core->mu);
+        busy = core->queued > (size_t)core->waiting;
+        pthread_mutex_unlock(&core->mu);
+    }
     int keep = r->keep_alive && !draining && c->nreq < core->opt.max_keepalive_requests && !x.conn_close;
     if (keep && core->opt.balance_close && busy)
         keep = 0; /* no thread free here: the client reconnects, maybe to an idle sibling */

@@ -18,7 +18,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include "serval.h"
-#include "tls.h"
+#include "transport.h"
 
 /* The loop's own answers always carry a phrase. */
 static const char *status_reason(int status)
@@ -181,7 +181,7 @@ static void do_accept(sv_core *core, sv_listener *l)
             continue;
         }
         format_remote(c, &ss);
-        if (l->tls_ctx && sv_tls_conn_init(c, l->tls_ctx) != 0) {
+        if (sv_transport_open(c) != 0) {
             conn_destroy(c);
             continue;
         }
@@ -254,50 +254,15 @@ static int evict_slowest(sv_core *core, double now)
 
 /* ---- answering and closing --------------------------------------------- */
 
-static void linger_start(sv_conn *c)
-{
-    if (c->tls)
-        sv_tls_close_notify(c);
-    shutdown(c->fd, SHUT_WR);
-    c->state = SV_ST_LINGER;
-    c->in.len = 0;
-    c->deadline = sv_now() + SV_LINGER_SECONDS;
-    sv_loop_arm(c, EPOLLIN);
-}
-
-/* Loop side: the response in c->out is written; decide what comes next. */
-static void after_write(sv_conn *c)
-{
-    sv_core *core = c->core;
-    if (!c->keep_alive || c->close_after || core->draining || core->stopping) {
-        if (c->close_after || c->in.len > c->consumed)
-            linger_start(c);
-        else
-            conn_destroy(c);
-        return;
-    }
-    sv_conn_reset_request(c);
-    c->state = SV_ST_HEAD;
-    if (c->in.len > 0) {
-        c->deadline = sv_now() + core->opt.read_timeout;
-        sv_loop_process_input(c);
-    } else {
-        c->deadline = sv_now() + core->opt.persistent_timeout;
-        sv_loop_arm(c, EPOLLIN);
-    }
-}
-
-/* r: what sv_conn_flush returned */
+/* r: what sv_conn_flush returned; the next step is decided in conn.c, the
+ * same for a response the loop finishes and one a Ruby thread finishes. */
 static void wrote(sv_conn *c, int r)
 {
-    if (r < 0) {
-        conn_destroy(c);
-    } else if (r == 0) {
-        c->state = SV_ST_WRITE;
-        c->deadline = sv_now() + c->core->opt.write_timeout;
-        sv_loop_arm(c, EPOLLOUT);
-    } else {
-        after_write(c);
+    uint32_t events = 0;
+    switch (sv_conn_after_flush(c, r, &events)) {
+    case SV_NEXT_CLOSE: conn_destroy(c); break;
+    case SV_NEXT_PARSE: sv_loop_process_input(c); break;
+    case SV_NEXT_WAIT: sv_loop_arm(c, events); break;
     }
 }
 
@@ -342,6 +307,17 @@ static void error_response(sv_conn *c, int status, const char *msg)
     if (r >= 0) /* an answer that reached the socket (or is on its way): log it */
         sv_errlog_push(&core->errlog, status, status_reason(status), msg, c->remote);
     wrote(c, r);
+}
+
+/* The owner waits for `events`, through the connection's transport. Called
+ * by Ruby threads too (conn.c hand_to_loop): epoll_ctl is thread-safe. */
+void sv_loop_arm(sv_conn *c, uint32_t events)
+{
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.events = c->io->events(c, events) | EPOLLONESHOT;
+    ev.data.ptr = c;
+    epoll_ctl(c->core->epfd, EPOLL_CTL_MOD, c->fd, &ev);
 }
 
 /* ---- requests ----------------------------------------------------------- */
@@ -435,7 +411,7 @@ static void send_continue(sv_conn *c)
 {
     static const char msg[] = "HTTP/1.1 100 Continue\r\n\r\n";
     if (c->req->minor_version >= 1)
-        (void)!sv_io_write(c, msg, sizeof(msg) - 1);
+        (void)!c->io->write(c, msg, sizeof(msg) - 1);
 }
 
 /* Chunked body: decode what is buffered after the head. */
@@ -545,7 +521,7 @@ void sv_loop_process_input(sv_conn *c)
 static int read_into(sv_conn *c, char *p, size_t n)
 {
     for (;;) {
-        ssize_t got = sv_io_read(c, p, n);
+        ssize_t got = c->io->read(c, p, n);
         if (got > 0)
             return (int)got;
         if (got < 0 && errno == EINTR)
@@ -638,6 +614,7 @@ static void read_body(sv_conn *c)
     sv_loop_arm(c, EPOLLIN);
 }
 
+/* After the transport's shutdown: discard raw input until EOF or the deadline. */
 static void linger_read(sv_conn *c)
 {
     char scratch[4096];

@@ -9,6 +9,7 @@
 #include <ruby.h>
 #include <ruby/thread.h>
 #include "serval_ruby.h"
+#include "transport.h"
 
 VALUE sv_cRequest;
 
@@ -100,7 +101,8 @@ static void *flush_nogvl(void *p)
             a->result = 1;
             return NULL;
         }
-        struct pollfd pfd = {c->fd, c->tls && c->tls_want == EPOLLIN ? POLLIN : POLLOUT, 0};
+        /* the transport says which way the socket must turn (TLS may need it readable) */
+        struct pollfd pfd = {c->fd, c->io->events(c, EPOLLOUT) & EPOLLIN ? POLLIN : POLLOUT, 0};
         int ms = (int)(c->core->opt.write_timeout * 1000);
         int pr = poll(&pfd, 1, ms);
         if (pr == 0) {

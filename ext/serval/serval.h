@@ -61,6 +61,7 @@ typedef struct sv_listener {
 } sv_listener;
 
 typedef struct sv_core sv_core;
+typedef struct sv_transport sv_transport;   /* transport.h: plain TCP or TLS */
 
 /* One error response the loop answered itself (errlog.c). */
 #define SV_ERRLOG_CAP 256
@@ -92,9 +93,10 @@ typedef struct sv_conn {
     uint32_t slot;               /* index in core->conns */
     sv_listener *listener;
     char remote[SV_REMOTE_MAX];
-    void *tls;                   /* SSL* on a TLS connection, else NULL (tls.h) */
-    uint32_t tls_want;           /* epoll event OpenSSL waits for, or 0 */
-    int tls_state;               /* handshake 0, open 1, failed -1 */
+    const sv_transport *io;      /* read/write/flush/close of the socket (transport.h) */
+    void *tls;                   /* TLS transport only (tls.c): SSL*, else NULL */
+    uint32_t tls_want;           /* TLS: epoll event OpenSSL waits for, or 0 */
+    int tls_state;               /* TLS: handshake, open, failed, closed (tls.c) */
 
     /* request side */
     sv_buf in;                   /* raw bytes; the head stays at the front while the request lives */
@@ -214,6 +216,8 @@ int sv_buf_append(sv_buf *b, const void *p, size_t n, size_t limit);
 void sv_buf_consume_front(sv_buf *b, size_t n);
 void sv_buf_free(sv_buf *b);
 void sv_buf_shrink(sv_buf *b, size_t keep);
+/* Loop only: give freed output memory back to the system (malloc_trim), rate-limited. */
+void sv_out_trim(sv_core *core, double now);
 
 /* errlog.c */
 void sv_errlog_init(sv_errlog *l);
@@ -223,7 +227,7 @@ size_t sv_errlog_take(sv_errlog *l, sv_err_event *out, size_t max, unsigned long
 void sv_errlog_wake(sv_errlog *l);
 void sv_errlog_stats(sv_errlog *l, size_t *queued, unsigned long *dropped, unsigned long *total);
 
-/* util */
+/* buffer.c too: the monotonic clock in seconds */
 double sv_now(void);
 
 /* loop.c */
@@ -232,31 +236,36 @@ int sv_core_start(sv_core *core);
 void sv_core_wake(sv_core *core);
 void sv_core_stop_and_join(sv_core *core, double grace);
 void sv_core_destroy(sv_core *core);
+/* Loop thread only: parse what is buffered and dispatch. */
+void sv_loop_process_input(sv_conn *c);
+/* The owner (either side): wait on the loop's epoll for `events` (as the
+ * connection's transport translates them), once (EPOLLONESHOT). */
+void sv_loop_arm(sv_conn *c, uint32_t events);
 
 /* conn.c: used by both sides */
 sv_conn *sv_conn_new(sv_core *core, int fd, sv_listener *l);
 void sv_conn_free(sv_conn *c);
-/* Write what the socket takes now: 1 = all written, 0 = would block, -1 = error. */
+/* Write what the socket takes now, through the transport; closes the
+ * response's file once it is sent. 1 = all written, 0 = would block, -1 = error. */
 int sv_conn_flush(sv_conn *c);
-/* Ruby side, without the GVL: response is complete. Returns 0, or -1 on write error. */
+/* What follows a flush that returned r, decided in one place for both
+ * sides: the owner closes the connection, parses a pipelined request
+ * already buffered, or waits for *events (the rest of the response, a
+ * lingering close, or the next request); c->state and c->deadline are set. */
+typedef enum { SV_NEXT_CLOSE, SV_NEXT_PARSE, SV_NEXT_WAIT } sv_next;
+sv_next sv_conn_after_flush(sv_conn *c, int r, uint32_t *events);
+/* Ruby side, without the GVL: the response is complete; the connection goes
+ * back to the loop (or is closed). */
 void sv_conn_response_done(sv_conn *c);
 void sv_conn_give_to_loop_dead(sv_conn *c);
-void sv_conn_reset_request(sv_conn *c);
 /* An unlinked temp file in tmpdir (O_TMPFILE, else mkostemp + unlink), mode 0600; or -1. */
 int sv_tmpfile(sv_core *core);
 /* Owner only: append to the response's spill file (opened on first use)
  * within max_spill. Returns the bytes taken, fewer than n (then
  * c->spill_failed is set) when max_spill is reached or the disk refuses. */
 size_t sv_conn_spill(sv_conn *c, const char *p, size_t n);
-/* Loop only: give freed output memory back to the system (malloc_trim), rate-limited. */
-void sv_out_trim(sv_core *core, double now);
-
 /* balance.c: whether the response being started ends its keep-alive connection
  * to move the client to a sibling worker (takes one granted move) */
 int sv_balance_take_move(sv_core *core);
-
-/* loop.c: parse what is buffered and dispatch (loop thread only) */
-void sv_loop_process_input(sv_conn *c);
-void sv_loop_arm(sv_conn *c, uint32_t events);
 
 #endif

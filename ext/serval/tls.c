@@ -1,6 +1,12 @@
 /*
- * TLS connections with OpenSSL (see tls.h), and Serval::Native::TLSContext,
+ * The TLS transport (transport.h) with OpenSSL, and Serval::Native::TLSContext,
  * the Ruby object that owns an SSL_CTX built from certificate and key files.
+ *
+ * Non-blocking: when OpenSSL needs the socket readable or writable, a call
+ * returns -1 with errno EAGAIN and c->tls_want holds the epoll event to wait
+ * for, which tls_events gives the loop instead of the caller's event. The
+ * handshake runs inside the first read. No sendfile through TLS: a file body
+ * goes through the output buffer in SV_TLS_FILE_CHUNK pieces.
  *
  * Threads: an SSL* is used only by the connection's current owner (the loop
  * or one Ruby thread, see serval.h), so it needs no lock. OpenSSL's error
@@ -9,34 +15,25 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 #include <ruby.h>
 #include "serval_ruby.h"
 #include "tls.h"
+#include "transport.h"
 
 #ifdef HAVE_OPENSSL_SSL_H
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
-enum { SV_TLS_HANDSHAKE = 0, SV_TLS_OPEN = 1, SV_TLS_FAILED = -1 };
+#define SV_TLS_FILE_CHUNK 65536   /* file bytes read per SSL_write of a to_path body */
 
-/* ---- connections (no GVL, no Ruby objects) ------------------------------ */
+/* c->tls_state; CLOSED: our close_notify is sent (or the session is given
+ * up), only raw input is discarded from now on */
+enum { SV_TLS_HANDSHAKE = 0, SV_TLS_OPEN = 1, SV_TLS_FAILED = -1, SV_TLS_CLOSED = 2 };
 
-int sv_tls_conn_init(sv_conn *c, void *ctx)
-{
-    SSL *ssl = SSL_new((SSL_CTX *)ctx);
-    if (!ssl)
-        return -1;
-    if (SSL_set_fd(ssl, c->fd) != 1) {
-        SSL_free(ssl);
-        return -1;
-    }
-    SSL_set_accept_state(ssl);
-    c->tls = ssl;
-    c->tls_state = SV_TLS_HANDSHAKE;
-    c->tls_want = EPOLLIN;
-    return 0;
-}
+/* ---- the transport (no GVL, no Ruby objects) ---------------------------- */
 
 /* Map an SSL result <= 0 to errno: EAGAIN (with c->tls_want), or a failure. */
 static ssize_t tls_error(sv_conn *c, int rc)
@@ -61,11 +58,12 @@ static ssize_t tls_error(sv_conn *c, int rc)
     }
 }
 
-int sv_tls_handshake(sv_conn *c)
+/* Continue the handshake: 1 done, 0 wait for c->tls_want, -1 failed. */
+static int tls_handshake(sv_conn *c)
 {
     if (c->tls_state == SV_TLS_OPEN)
         return 1;
-    if (c->tls_state == SV_TLS_FAILED)
+    if (c->tls_state != SV_TLS_HANDSHAKE)
         return -1;
     ERR_clear_error();
     int rc = SSL_do_handshake(c->tls);
@@ -80,10 +78,10 @@ int sv_tls_handshake(sv_conn *c)
     return -1;
 }
 
-ssize_t sv_tls_read(sv_conn *c, void *p, size_t n)
+static ssize_t tls_read(sv_conn *c, void *p, size_t n)
 {
     if (c->tls_state != SV_TLS_OPEN) {
-        int h = sv_tls_handshake(c);
+        int h = tls_handshake(c);
         if (h <= 0) {
             errno = h == 0 ? EAGAIN : ECONNRESET;
             return -1;
@@ -100,10 +98,10 @@ ssize_t sv_tls_read(sv_conn *c, void *p, size_t n)
     return tls_error(c, rc);
 }
 
-ssize_t sv_tls_write(sv_conn *c, const void *p, size_t n)
+static ssize_t tls_write(sv_conn *c, const void *p, size_t n)
 {
     if (c->tls_state != SV_TLS_OPEN) {
-        errno = c->tls_state == SV_TLS_FAILED ? EPIPE : EAGAIN;
+        errno = c->tls_state == SV_TLS_HANDSHAKE ? EAGAIN : EPIPE;
         return -1;
     }
     if (n == 0)
@@ -126,7 +124,7 @@ ssize_t sv_tls_write(sv_conn *c, const void *p, size_t n)
 static int flush_out(sv_conn *c)
 {
     while (c->out.off < c->out.len) {
-        ssize_t n = sv_tls_write(c, c->out.data + c->out.off, c->out.len - c->out.off);
+        ssize_t n = tls_write(c, c->out.data + c->out.off, c->out.len - c->out.off);
         if (n > 0)
             c->out.off += (size_t)n;
         else
@@ -136,7 +134,7 @@ static int flush_out(sv_conn *c)
     return 1;
 }
 
-/* No sendfile through TLS: the next file chunk becomes output bytes. */
+/* The next file chunk becomes output bytes. */
 static int load_file_chunk(sv_conn *c)
 {
     size_t want = c->file_rem > SV_TLS_FILE_CHUNK ? SV_TLS_FILE_CHUNK : (size_t)c->file_rem;
@@ -156,26 +154,23 @@ static int load_file_chunk(sv_conn *c)
     return 0;
 }
 
-int sv_tls_flush(sv_conn *c)
+static int tls_flush(sv_conn *c)
 {
     for (;;) {
         int r = flush_out(c);
         if (r <= 0)
             return r;
         if (c->file_rem == 0)
-            break;
+            return 1;
         if (load_file_chunk(c) != 0)
             return -1;
     }
-    if (c->file_fd >= 0) {
-        close(c->file_fd);
-        c->file_fd = -1;
-    }
-    return 1;
 }
 
-uint32_t sv_tls_events(sv_conn *c, uint32_t events)
+static uint32_t tls_events(sv_conn *c, uint32_t events)
 {
+    if (c->tls_state == SV_TLS_CLOSED)
+        return events; /* lingering: raw input is discarded, OpenSSL is done */
     if (c->tls_want)
         return c->tls_want;
     /* Decrypted bytes already inside OpenSSL never make the socket readable:
@@ -185,25 +180,57 @@ uint32_t sv_tls_events(sv_conn *c, uint32_t events)
     return events;
 }
 
-void sv_tls_close_notify(sv_conn *c)
+/* Send close_notify once, on an open session; never waits for the peer's. */
+static void close_notify(sv_conn *c)
 {
     SSL *ssl = c->tls;
-    if (!ssl || c->fd < 0 || c->tls_state != SV_TLS_OPEN || (SSL_get_shutdown(ssl) & SSL_SENT_SHUTDOWN))
-        return;
-    ERR_clear_error();
-    SSL_shutdown(ssl); /* one attempt; the peer's close_notify is not awaited */
-    ERR_clear_error();
+    if (ssl && c->fd >= 0 && c->tls_state == SV_TLS_OPEN && !(SSL_get_shutdown(ssl) & SSL_SENT_SHUTDOWN)) {
+        ERR_clear_error();
+        SSL_shutdown(ssl); /* one attempt */
+        ERR_clear_error();
+    }
+    c->tls_state = SV_TLS_CLOSED;
+    c->tls_want = 0;
 }
 
-void sv_tls_conn_free(sv_conn *c)
+static void tls_shutdown(sv_conn *c)
 {
-    SSL *ssl = c->tls;
+    close_notify(c);
+    shutdown(c->fd, SHUT_WR);
+}
+
+static void tls_close(sv_conn *c)
+{
+    if (c->tls) {
+        close_notify(c);
+        SSL_free(c->tls);
+        c->tls = NULL;
+    }
+    if (c->fd >= 0) {
+        close(c->fd);
+        c->fd = -1;
+    }
+}
+
+static const sv_transport tls_transport = {
+    tls_read, tls_write, tls_flush, tls_events, tls_shutdown, tls_close,
+};
+
+int sv_tls_conn_init(sv_conn *c, void *ctx)
+{
+    SSL *ssl = SSL_new((SSL_CTX *)ctx);
     if (!ssl)
-        return;
-    sv_tls_close_notify(c);
-    ERR_clear_error();
-    SSL_free(ssl);
-    c->tls = NULL;
+        return -1;
+    if (SSL_set_fd(ssl, c->fd) != 1) {
+        SSL_free(ssl);
+        return -1;
+    }
+    SSL_set_accept_state(ssl);
+    c->tls = ssl;
+    c->tls_state = SV_TLS_HANDSHAKE;
+    c->tls_want = EPOLLIN;
+    c->io = &tls_transport;
+    return 0;
 }
 
 void sv_tls_ctx_free(void *ctx)
@@ -313,15 +340,13 @@ void sv_init_tls(VALUE mNative)
 #else /* no OpenSSL: no TLSContext class; Binder reports TLS as unavailable */
 
 int sv_tls_conn_init(sv_conn *c, void *ctx) { return -1; }
-int sv_tls_handshake(sv_conn *c) { return -1; }
-ssize_t sv_tls_read(sv_conn *c, void *p, size_t n) { errno = ENOTSUP; return -1; }
-ssize_t sv_tls_write(sv_conn *c, const void *p, size_t n) { errno = ENOTSUP; return -1; }
-int sv_tls_flush(sv_conn *c) { return -1; }
-uint32_t sv_tls_events(sv_conn *c, uint32_t events) { return events; }
-void sv_tls_close_notify(sv_conn *c) {}
-void sv_tls_conn_free(sv_conn *c) { c->tls = NULL; }
 void sv_tls_ctx_free(void *ctx) {}
-void *sv_tls_ctx_get(VALUE obj) { rb_raise(rb_eNotImpError, "serval was built without OpenSSL"); }
+void *sv_tls_ctx_get(VALUE obj)
+{
+    if (!NIL_P(obj)) /* core.c passes a TLSContext, which cannot exist here */
+        rb_raise(rb_eNotImpError, "serval was built without OpenSSL");
+    return NULL;
+}
 void sv_init_tls(VALUE mNative) {}
 
 #endif
