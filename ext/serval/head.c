@@ -208,7 +208,7 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw
      * scheduler and are read under its lock, only where they are used */
     int draining = atomic_load(&core->draining);
     int busy = 0;
-    if (core->opt.balance) {
+    if (core->opt.balance_close) {
         pthread_mutex_lock(&core->mu);
         busy = core->queued > (size_t)core->waiting;
         pthread_mutex_unlock(&core->mu);
