@@ -49,7 +49,6 @@ module Bench
           daemon off;
           master_process on;
           worker_processes #{workers};
-          worker_rlimit_nofile #{max_connections * 2 + 64};
           pid #{dir}/nginx.pid;
           error_log #{dir}/error.log warn;
           events {

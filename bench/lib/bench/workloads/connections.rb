@@ -22,7 +22,7 @@ module Bench
       def idle_count = Integer(ENV.fetch("BENCH_CONN_IDLE", "10000"))
       def settle = Float(ENV.fetch("BENCH_CONN_SETTLE", "1"))
       def cap = [levels.max, idle_count].max + 1024
-      def nofile = (cap * 2) + 4096
+      def nofile = cap + 4096 # per process: the harness holds the idle clients, the server their peers
 
       # wrk threads per level: one (wrk is pinned to one CPU) until 1,000
       # connections, then BENCH_CONN_WRK_THREADS (2).
@@ -48,13 +48,20 @@ module Bench
         summarize(rounds, meta)
       end
 
+      # Soft RLIMIT_NOFILE up to nofile (the hard limit too when allowed: root
+      # with CAP_SYS_RESOURCE); fails when even the hard limit is too low.
       def raise_nofile
         soft, hard = Process.getrlimit(:NOFILE)
         return if soft >= nofile
 
-        want = hard >= nofile || Process.uid.zero? ? nofile : hard
-        Process.setrlimit(:NOFILE, want, [want, hard].max)
-        ctx.log "#{name}: RLIMIT_NOFILE #{soft} -> #{want}"
+        begin
+          Process.setrlimit(:NOFILE, nofile, [nofile, hard].max)
+        rescue Errno::EPERM
+          Process.setrlimit(:NOFILE, hard, hard)
+        end
+        now = Process.getrlimit(:NOFILE).first
+        ctx.log "#{name}: RLIMIT_NOFILE #{soft} -> #{now}"
+        raise Error, "#{name}: needs #{nofile} open files per process, the hard limit is #{hard} (ulimit -Hn)" if now < cap + 64
       end
 
       def measure(server, meta)
