@@ -209,6 +209,12 @@ module Bench
         notes = ["figures: #{result['pick']}; us/req: server CPU (process tree) per request; idle KB/conn: " \
                  "(RSS with the idle connections - RSS before) / connections opened; idle open: still open " \
                  "when measured / opened"]
+        cpu = levels_in(result).filter_map do |c|
+          a = result.dig("servers", "serval", "levels", c, "cpu_us_per_request")
+          b = result.dig("servers", "iodine", "levels", c, "cpu_us_per_request")
+          "c=#{c} #{format('%.2f', b / a)}" if a && b
+        end
+        notes << "serval/iodine by server CPU per request (iodine us / serval us; steadier than req/s on a busy machine): #{cpu.join(', ')}" unless cpu.empty?
         (result["targets"] || []).each do |t|
           notes << "#{t['ok'] ? 'meets' : 'MISSES'}: #{t['target']} (#{t['value'] || 'n/a'})"
         end
