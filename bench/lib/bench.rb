@@ -9,6 +9,7 @@ require_relative "bench/workload"
 require_relative "bench/context"
 require_relative "bench/runner"
 require_relative "bench/report"
+require_relative "bench/idle_clients"
 
 Dir[File.join(__dir__, "bench", "servers", "*.rb")].sort.each { |f| require f }
 %w[hello payload slow_readers rss].each { |w| require_relative "bench/workloads/#{w}" }

@@ -114,15 +114,19 @@ void sv_buf_free(sv_buf *b)
     b->len = b->off = 0;
 }
 
-/* Give memory back after a large response or request. */
+/* Give memory back after a request or response: an empty buffer is freed
+ * whatever its size (a keep-alive connection waiting for its next request
+ * then holds neither its read nor its output buffer; the next request
+ * allocates them again), a larger one shrinks to `keep`. */
 void sv_buf_shrink(sv_buf *b, size_t keep)
 {
-    if (b->cap <= keep || b->len > keep)
-        return;
     if (b->len == 0) {
-        sv_buf_free(b);
+        if (b->data)
+            sv_buf_free(b);
         return;
     }
+    if (b->cap <= keep || b->len > keep)
+        return;
     char *p = realloc(b->data, keep);
     if (p) {
         b->data = p;

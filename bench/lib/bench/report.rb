@@ -201,6 +201,13 @@ module Bench
       [["slow_clients", { title: "healthy client req/s under slowhttptest", rows: rows, ylabel: "req/s" }]]
     end
 
+    def chart_connections(w)
+      conns = w["servers"].values.first["levels"].keys
+      rows = [["connections"] + servers(w)]
+      conns.each { |c| rows << ["c=#{c}"] + w["servers"].values.map { |s| s.dig("levels", c, "rps") || 0 } }
+      [["connections", { title: "hello keep-alive: req/s by wrk connections", rows: rows, ylabel: "req/s" }]]
+    end
+
     def chart_rss(w)
       rows = [%w[server RSS]] + w["servers"].map { |n, s| [n, s["rss_mb"]] }
       [["rss", { title: "RSS after boot (hello app)", rows: rows, ylabel: "MB" }]]

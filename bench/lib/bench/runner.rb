@@ -11,7 +11,8 @@ module Bench
     USAGE = <<~TEXT
       usage: bench/run [--servers=serval,puma,...] [--check] [--out=FILE] [--docs|--no-docs] [WORKLOAD...|all]
       workloads: %<workloads>s (default: all)
-      servers:   %<servers>s (default: all; one whose gem is missing is skipped and named)
+      servers:   %<servers>s (default: all; one whose gem is missing is skipped and named;
+                 iodine and nginx run only where a workload names them (connections) unless --servers does)
       --docs: write the tables into docs/benchmarks.md (between markers) and charts into
               docs/benchmarks/*.png (gnuplot); the default for `all`
       environment: BENCH_DURATION (5 s) BENCH_WARMUP (2 s) BENCH_ROUNDS (1) BENCH_THREADS (4)
@@ -19,7 +20,9 @@ module Bench
                    BENCH_SLOW_CONNECTIONS (200) BENCH_SLOW_PROBES (50) SERVAL_EXE (exe/serval)
     TEXT
 
-    DEFAULT_SERVERS = %w[serval puma unicorn pitchfork falcon].freeze
+    # iodine and nginx are opt-in (Server#opt_in?): by default they run only in
+    # the workloads that name them (connections).
+    DEFAULT_SERVERS = %w[serval puma unicorn pitchfork falcon iodine nginx].freeze
 
     def initialize(argv, bench_dir:, out: $stdout)
       @argv = argv.dup
@@ -28,6 +31,7 @@ module Bench
       @check = false
       @server_names = DEFAULT_SERVERS
       @docs = nil
+      @explicit_servers = false
       @json_path = File.join(bench_dir, "results", "latest.json")
     end
 
@@ -45,6 +49,7 @@ module Bench
         when "--docs" then @docs = true
         when "--no-docs" then @docs = false
         when /\A--servers=(.+)\z/ then @server_names = Regexp.last_match(1).split(",")
+                                         @explicit_servers = true
         when /\A--out=(.+)\z/ then @json_path = File.expand_path(Regexp.last_match(1))
         when "all" then names.concat(Workload.registry.keys)
                         @docs = true if @docs.nil?
@@ -72,7 +77,8 @@ module Bench
       unavailable.each { |n, why| @out.puts "# not run: #{n}: #{why}" }
       names.each do |wname|
         t0 = Util.now
-        result = Workload.registry.fetch(wname).new(@ctx).run(servers)
+        workload = Workload.registry.fetch(wname).new(@ctx)
+        result = workload.run(workload.eligible(servers, explicit: @explicit_servers))
         result["seconds"] = (Util.now - t0).round(1)
         report["workloads"] << result
         print_table(result)

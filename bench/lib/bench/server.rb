@@ -31,10 +31,21 @@ module Bench
     end
 
     # argv that starts the server in the foreground (without the CPU pinning).
-    # workers: processes (1 = single mode); threads: threads per process.
-    def argv(app:, port:, threads:, workers: 1)
+    # workers: processes (1 = single mode); threads: threads per process;
+    # max_connections (only passed by workloads that hold thousands of
+    # connections open): raise the server's own cap on open connections to
+    # this, for adapters that have one (others ignore it: accept `**`).
+    def argv(app:, port:, threads:, workers: 1, max_connections: nil)
       raise NotImplementedError
     end
+
+    # Whether it runs the workload's Rack app (nginx, the limit line, does not:
+    # it only runs in workloads that take a limit line).
+    def rack? = true
+
+    # Whether it runs only where asked for: in workloads that name it in
+    # server_names, or when --servers names it (iodine, nginx).
+    def opt_in? = false
 
     # How the budget (workers processes x threads threads) maps onto this
     # server's own model, for the tables: e.g. "1 x 4 threads".
@@ -74,8 +85,9 @@ module Bench
       ctx.root
     end
 
-    def start(app:, port:, threads:, workers: 1, cpus: nil)
-      ServerProcess.new(self, app: app, port: port, threads: threads, workers: workers, cpus: cpus).start
+    def start(app:, port:, threads:, workers: 1, cpus: nil, max_connections: nil)
+      ServerProcess.new(self, app: app, port: port, threads: threads, workers: workers, cpus: cpus,
+                              max_connections: max_connections).start
     end
   end
 
@@ -85,14 +97,17 @@ module Bench
     attr_reader :server, :port, :pid, :command, :log_path, :threads, :workers
 
     # extra: flags inserted before the app path (e.g. --max-queue-time 0.05);
-    # env: added to the server's environment.
-    def initialize(server, app:, port:, threads:, workers: 1, cpus: nil, extra: [], env: {})
+    # env: added to the server's environment; max_connections: for servers
+    # whose argv takes it (the connections workload).
+    def initialize(server, app:, port:, threads:, workers: 1, cpus: nil, extra: [], env: {}, max_connections: nil)
       @server = server
       @port = port
       @app = app
       @threads = threads
       @workers = workers
-      argv = server.argv(app: app, port: port, threads: threads, workers: workers)
+      args = { app: app, port: port, threads: threads, workers: workers }
+      args[:max_connections] = max_connections if max_connections
+      argv = server.argv(**args)
       argv = argv[0..-2] + extra + [argv[-1]] unless extra.empty?
       @command = server.ctx.pin_server(argv, cpus: cpus)
       @env = server.env.merge(env)
@@ -135,6 +150,13 @@ module Bench
 
     def rss_kb
       Util.process_tree(@pid).sum { |pid| Util.rss_kb(pid) }
+    end
+
+    # User + system CPU seconds of the whole process tree (nginx's worker,
+    # a forked Iodine worker), nil if the server is gone.
+    def cpu_seconds
+      times = Util.process_tree(@pid).map { |pid| Util.cpu_seconds(pid) }.compact
+      times.empty? ? nil : times.sum
     end
 
     def log_tail(lines = 20)

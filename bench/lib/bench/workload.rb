@@ -46,8 +46,9 @@ module Bench
     end
 
     # Start server with app, wait until it answers path, yield, always stop it.
-    def with_server(server, app, path: "/", threads: ctx.threads, workers: 1, cpus: nil)
-      process = server.start(app: app_path(app), port: Util.free_port, threads: threads, workers: workers, cpus: cpus)
+    def with_server(server, app, path: "/", threads: ctx.threads, workers: 1, cpus: nil, max_connections: nil)
+      process = server.start(app: app_path(app), port: Util.free_port, threads: threads, workers: workers, cpus: cpus,
+                             max_connections: max_connections)
       process.wait_ready(path: path)
       yield process
     ensure
@@ -62,6 +63,23 @@ module Bench
     def select(servers)
       names = server_names
       names ? servers.select { |s| names.include?(s.name) } : servers
+    end
+
+    # Whether the workload also runs a server that runs no Rack app (nginx's
+    # `return 200`, the limit line).
+    def limit_line? = false
+
+    # The selected servers this workload runs (bench/run passes these to run):
+    # no limit line unless the workload takes one; an opt-in server (Server#opt_in?)
+    # only when --servers named it (explicit) or server_names does.
+    def eligible(servers, explicit: false)
+      names = server_names
+      servers.select do |s|
+        next false if !s.rack? && !limit_line?
+        next true unless s.opt_in?
+
+        explicit || names&.include?(s.name)
+      end
     end
 
     # "0.52x": value / serval's value of the same figure from the same run.

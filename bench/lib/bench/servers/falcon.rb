@@ -26,7 +26,7 @@ module Bench
         "#{workers} x fibers (no thread cap)"
       end
 
-      def argv(app:, port:, threads:, workers: 1)
+      def argv(app:, port:, threads:, workers: 1, **)
         ["bundle", "exec", "falcon", "serve", "--forked", "-n", workers.to_s,
          "-b", "http://127.0.0.1:#{port}", "-c", app]
       end

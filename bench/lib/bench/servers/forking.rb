@@ -32,7 +32,7 @@ module Bench
         RUBY
       end
 
-      def argv(app:, port:, threads:, workers: 1)
+      def argv(app:, port:, threads:, workers: 1, **)
         path = File.join(ctx.scratch, "#{name}-#{port}.conf.rb")
         File.write(path, config(port: port, workers: worker_count(threads: threads, workers: workers)))
         ["bundle", "exec", name, "-E", "production", "-c", path, app]

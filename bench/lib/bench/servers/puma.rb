@@ -18,7 +18,7 @@ module Bench
         end
       end
 
-      def argv(app:, port:, threads:, workers: 1)
+      def argv(app:, port:, threads:, workers: 1, **)
         ["bundle", "exec", "puma", "-q", "-e", "production", "-w", (workers > 1 ? workers : 0).to_s,
          "-b", "tcp://127.0.0.1:#{port}", "-t", "#{threads}:#{threads}", app]
       end

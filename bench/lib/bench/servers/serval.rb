@@ -45,11 +45,13 @@ module Bench
         "#{w} x #{threads} threads#{note}"
       end
 
-      def argv(app:, port:, threads:, workers: 1)
+      # max_connections: --max-connections (the default, 1024, evicts idle
+      # keep-alive connections beyond it).
+      def argv(app:, port:, threads:, workers: 1, max_connections: nil)
         w = effective_workers(workers)
         ["bundle", "exec", "ruby", "-I", File.join(ctx.root, "lib"), exe,
          "-q", "-e", "production", "-b", "tcp://127.0.0.1:#{port}", "-t", "#{threads}:#{threads}",
-         *(w > 1 ? ["-w", w.to_s] : []), app]
+         *(w > 1 ? ["-w", w.to_s] : []), *(max_connections ? ["--max-connections", max_connections.to_s] : []), app]
       end
     end
   end
