@@ -149,6 +149,10 @@ static void reset_request(sv_conn *c)
     c->close_after = 0;
     c->head_written = 0;
     c->since = sv_now();
+    if (c->in.len == 0) { /* idle keep-alive: the parsed head (header slots) goes too; parse mallocs it */
+        free(c->req);
+        c->req = NULL;
+    }
 }
 
 int sv_conn_flush(sv_conn *c)

@@ -23,7 +23,8 @@
 #define SV_READ_MIN 4096             /* first read buffer size */
 #define SV_BODY_WINDOW 262144        /* read window for bodies */
 #define SV_BODY_READS_PER_EVENT 16   /* Content-Length body reads per readiness event */
-#define SV_OUT_MIN 16384             /* output buffer kept by an idle connection */
+#define SV_OUT_MIN 16384             /* output buffer a connection keeps between responses of a
+                                      * pipeline; an empty one is freed when the request ends */
 #define SV_LINGER_SECONDS 2.0        /* lingering close after an error response */
 #define SV_SCAN_INTERVAL_MS 50       /* timeout scan granularity */
 #define SV_ACCEPT_BATCH 64           /* accepts per listener event */

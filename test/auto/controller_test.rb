@@ -113,14 +113,17 @@ class AutoControllerTest < Minitest::Test
   def test_probe_up_when_the_model_holds_but_the_gvl_is_free
     model = { rps: [50, 90, 118, 120, 120, 120, 120, 120], stall: Array.new(8, 0.0) }
     c = controller(initial: 5, cooldown: 0, agree: 1, step: 1)
-    d = c.observe(m(threads: 5, rps: 100, gvl: 0.9), model: model)
+    d = c.observe(m(threads: 5, rps: 100, gvl: 0.9, queue: 0.06), model: model)
     assert d.changed
     assert_equal 6, d.target
     assert_match(/requests queue while the GVL is free 10 % of the time: one more thread to measure \(the model's target is 4\)/,
                  d.reason)
     # saturated GVL: no probe, the model's hold stands
     c2 = controller(initial: 5, cooldown: 0, agree: 1, step: 1)
-    3.times { refute c2.observe(m(threads: 5, rps: 100, gvl: 0.99), model: model).changed }
+    3.times { refute c2.observe(m(threads: 5, rps: 100, gvl: 0.99, queue: 0.06), model: model).changed }
+    # a queue of bursts at part load (open arrivals: waits shorter than twice a request): no probe
+    c4 = controller(initial: 5, cooldown: 0, agree: 1, step: 1)
+    3.times { refute c4.observe(m(threads: 5, rps: 100, gvl: 0.8, queue: 0.03), model: model).changed }
     # no queue: no probe
     c3 = controller(initial: 5, cooldown: 0, agree: 1, step: 1)
     3.times { refute c3.observe(m(threads: 5, rps: 100, gvl: 0.5, queue: 0.001), model: model).changed }
@@ -131,15 +134,15 @@ class AutoControllerTest < Minitest::Test
   def test_a_probe_is_kept_while_it_gains_and_taken_back_when_it_does_not
     model = { rps: [50, 90, 118, 120, 120, 120, 120, 120], stall: Array.new(8, 0.0) }
     c = controller(initial: 5, cooldown: 0, agree: 1, step: 1, slack: 2)
-    c.observe(m(threads: 5, rps: 100, gvl: 0.90, stall: 0.006, wall: 0.02), model: model)
+    c.observe(m(threads: 5, rps: 100, gvl: 0.90, stall: 0.006, wall: 0.02, queue: 0.06), model: model)
     assert_equal 6, c.target
-    c.observe(m(threads: 6, rps: 106, gvl: 0.94, stall: 0.008, wall: 0.02), model: model)
+    c.observe(m(threads: 6, rps: 106, gvl: 0.94, stall: 0.008, wall: 0.02, queue: 0.06), model: model)
     assert_equal 7, c.target, "6 gained 6 %: kept, and the GVL is still free: probe 7"
-    d = c.observe(m(threads: 7, rps: 106.2, gvl: 0.96, stall: 0.012, wall: 0.02), model: model)
+    d = c.observe(m(threads: 7, rps: 106.2, gvl: 0.96, stall: 0.012, wall: 0.02, queue: 0.06), model: model)
     assert d.changed
     assert_equal 6, d.target
     assert_match(/7 threads served 106\.2 req\/s, 6 served 106\.0 with less stall/, d.reason)
-    5.times { c.observe(m(threads: c.target, rps: 106, gvl: 0.94, stall: 0.008, wall: 0.02), model: model) }
+    5.times { c.observe(m(threads: c.target, rps: 106, gvl: 0.94, stall: 0.008, wall: 0.02, queue: 0.06), model: model) }
     assert_equal 6, c.target, "the model (target 4, slack 2) does not pull 6 down: measured better than 5; 7 is a ceiling"
   end
 

@@ -42,7 +42,9 @@ module Serval
     #   or, without a model, the GVL has headroom (held < `gvl_headroom`) and
     #   the stall is low (mean < `stall_share` of wall): one more;
     #   or, with a model that says hold, the GVL is still free part of the
-    #   time (held < `probe_gvl`) while requests queue: one more, to measure
+    #   time (held < `probe_gvl`) while a standing queue waits (mean queue
+    #   wait > `probe_queue` x wall: every thread busy, not a burst of
+    #   arrivals at part load): one more, to measure
     #   (a probe: the model's knee from a window at one count is often a
     #   thread or two low, docs/benchmarks.md); the measured rule below takes
     #   it back if it added nothing, and then it is a ceiling;
@@ -81,7 +83,8 @@ module Serval
                               # docs/benchmarks.md "Concurrency advice")
         slack: 2,             # model-driven down: only this many threads past its target
         memory: 30,           # intervals a measured figure or ceiling is kept
-        probe_gvl: 0.97       # with a model that holds: GVL held below this share while requests queue -> probe +1
+        probe_gvl: 0.97,      # with a model that holds: GVL held below this share while requests queue ...
+        probe_queue: 2.0      # ... longer than this many times their wall (a standing queue) -> probe +1
       }.freeze
 
       # reason: the latest interval's (a hold says why it held);
@@ -187,11 +190,21 @@ module Serval
           return [:down, want, format("the model gives %d threads %.0f req/s, as many as %d (%.0f) with less stall",
                                       want, rps[want - 1], n, here)]
         end
-        if queued && n < [cap, ceiling].min && m.gvl && m.gvl < @s[:probe_gvl] && !measured_gain?(n + 1, worse: true)
+        if queued && probe?(m, n, cap)
           return [:up, n + 1, format("requests queue while the GVL is free %d %% of the time: one more thread to " \
                                      "measure (the model's target is %d)", ((1 - m.gvl) * 100).round, want)]
         end
         [:hold, n, format("the model puts the knee at %d threads (target %d)", knee, want)]
+      end
+
+      # A probe needs a standing queue (requests wait for a thread longer
+      # than `probe_queue` x their own time: all threads busy, as in a closed
+      # loop), not the bursts of arrivals at part load, and a GVL free part of
+      # the time; and n + 1 not already measured to do no better.
+      def probe?(m, n, cap)
+        wait = (m.queue_mean || m.queue_p90).to_f
+        n < [cap, ceiling].min && m.gvl && m.gvl < @s[:probe_gvl] && wait > @s[:probe_queue] * m.wall_mean.to_f &&
+          !measured_gain?(n + 1, worse: true)
       end
 
       # Did this process measure n threads doing better than n - 1 (more
