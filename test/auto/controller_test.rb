@@ -13,7 +13,9 @@ class AutoControllerTest < Minitest::Test
   end
 
   def controller(**kw)
-    Controller.new(min: kw.delete(:min) || 1, max: kw.delete(:max) || 16, initial: kw.delete(:initial) || 4, **kw)
+    # these cases were written with a margin of one thread over the model's knee
+    Controller.new(min: kw.delete(:min) || 1, max: kw.delete(:max) || 16, initial: kw.delete(:initial) || 4,
+                   margin: kw.delete(:margin) || 1, **kw)
   end
 
   def test_one_vote_is_not_enough_two_agreeing_are
@@ -171,6 +173,10 @@ class AutoControllerTest < Minitest::Test
     changed = { rps: [50, 95, 130, 160, 185, 200, 200, 200], stall: Array.new(8, 0.0) }
     c.observe(m(threads: 4, rps: 120, stall: 0.002), model: changed)
     assert_equal 5, c.target, "the model changed after the ceiling's memory: probe again"
+  end
+
+  def test_the_default_target_is_the_models_knee
+    assert_equal 0, Controller::DEFAULTS[:margin]
   end
 
   def test_settings_are_checked

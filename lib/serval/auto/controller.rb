@@ -79,7 +79,9 @@ module Serval
         stall_share: 0.25,    # stall mean above this share of wall: requests stall
         down_gain: 0.01,      # down: a measured thread that added less than this share is removed
         fraction: 0.97,       # model target: fewest threads reaching this share of its best ...
-        margin: 1,            # ... plus this many (the model's knee sits ~1 below the measured one:
+        margin: 0,            # ... plus this many (0: the model's knee is within one of the measured one
+                              # either way since it charges the handoff and replays shapes; the probe
+                              # finds a thread more where it pays:
                               # docs/benchmarks.md "Concurrency advice")
         slack: 2,             # model-driven down: only this many threads past its target
         memory: 30,           # intervals a measured figure or ceiling is kept
