@@ -19,13 +19,13 @@ class FairnessTest < Minitest::Test
   end
 
   def test_values_accepted
-    assert_equal 5.0, Serval::Configuration::DEFAULTS[:fair_timeslice]
+    assert_equal 2.0, Serval::Configuration::DEFAULTS[:fair_timeslice]
     assert_equal 10.0, finish(10)
     assert_equal 2.5, finish("2.5")
     assert_equal 0.0, finish(false)
     assert_equal 0.0, finish(0)
     assert_equal 0.0, finish("off")
-    assert_equal 5.0, finish(true)
+    assert_equal 2.0, finish(true)
   end
 
   def test_bad_values_name_the_option

@@ -80,7 +80,7 @@ module Serval
       sources: {}.freeze,
       error_log_limit: 10,
       advice_log_interval: 60.0, # seconds between advice checks (docs/tuning.md); 0: off
-      fair_timeslice: 5.0, # ms a computing request thread keeps the GVL from a waiting one (docs/tuning.md); 0: off
+      fair_timeslice: 2.0, # ms a computing request thread keeps the GVL from a waiting one (docs/tuning.md); 0: off
       gvl_balance: true, # cluster: a GVL-bound worker leaves connections to siblings (docs/tuning.md)
       gvl_balance_interval: 1.0, # seconds: the load window, and the least time between two moves
       agent_check_url: nil # tcp://HOST:PORT: HAProxy agent-check on the master (docs/deployment.md)

@@ -29,7 +29,7 @@ module Bench
       def name = "fairness"
       def duration = Integer(ENV.fetch("BENCH_FAIR_DURATION", ctx.duration.to_s))
       def rounds = Integer(ENV.fetch("BENCH_FAIR_ROUNDS", "3"))
-      def settings = ENV.fetch("BENCH_FAIR_SLICES", "off,5").split(",").map(&:strip)
+      def settings = ENV.fetch("BENCH_FAIR_SLICES", "off,2").split(",").map(&:strip)
       def server_names = ["serval"]
 
       def description
@@ -53,8 +53,8 @@ module Bench
           argv[0...-1] + @flags + [argv.last]
         end
 
-        def start(app:, port:, threads:, workers: 1, cpus: nil)
-          ServerProcess.new(self, app: app, port: port, threads: threads, workers: workers, cpus: cpus).start
+        def start(**kw)
+          ServerProcess.new(self, **kw).start
         end
       end
 
