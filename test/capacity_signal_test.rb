@@ -123,6 +123,8 @@ class CapacitySignalTest < Minitest::Test
   # cluster: the server is DOWN while Serval boots, UP once a worker serves,
   # its weight drops below 100 % while the worker's GVL is busy and comes
   # back when it idles, and it goes DOWN when Serval stops.
+  IDLE_WEIGHT = 95
+
   def test_haproxy_follows_the_agent
     haproxy_path = (ENV.fetch("PATH", "").split(File::PATH_SEPARATOR) + %w[/usr/sbin /sbin])
                    .map { |d| File.join(d, "haproxy") }.find { |f| File.executable?(f) }
@@ -135,7 +137,9 @@ class CapacitySignalTest < Minitest::Test
     wait_state(haproxy) { |s| s["srv_op_state"] == "0" && s["srv_agent_state"].to_i.positive? }
     open_gate(server)
     server.wait_for(/Worker 0 \(PID: \d+\) booted/)
-    wait_state(haproxy) { |s| s["srv_op_state"] == "2" && s["srv_uweight"] == "100" }
+    # idle: full weight, give or take the worker's own housekeeping (on Ruby
+    # 3.1 the GVL share is the process's CPU time: an idle worker reads ~1 %)
+    wait_state(haproxy) { |s| s["srv_op_state"] == "2" && s["srv_uweight"].to_i >= IDLE_WEIGHT }
 
     stop = false
     load = Array.new(2) do
@@ -147,7 +151,7 @@ class CapacitySignalTest < Minitest::Test
     assert_operator busy["srv_uweight"].to_i, :>=, 1
     stop = true
     load.each(&:join)
-    wait_state(haproxy) { |s| s["srv_uweight"] == "100" }
+    wait_state(haproxy) { |s| s["srv_uweight"].to_i >= IDLE_WEIGHT }
 
     held = hold_request(server)
     server.signal("TERM")
