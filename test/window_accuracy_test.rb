@@ -93,7 +93,9 @@ class WindowAccuracyTest < Minitest::Test
   end
 
   def test_a_sample_carries_the_requests_shape
-    with_server(SHAPE_APP, max_threads: 1) do |server, port|
+    # fairness off: the client threads of this process wait for the GVL, and
+    # a preemption at the fair slice would cut a 2 ms spin into two spans
+    with_server(SHAPE_APP, max_threads: 1, fair_timeslice: 0.0) do |server, port|
       loop_requests(port, 20)
       samples = server.window[:samples]
       assert_equal 20, samples.size
