@@ -141,4 +141,30 @@ class WindowAccuracyTest < Minitest::Test
       assert_operator outside, :>=, cpu * 0.8, "the spinner's GVL time (#{cpu.round(3)} s CPU) is visible"
     end
   end
+
+  # A fairness preemption gives the GVL away and wants it back at once: the
+  # hook counts that as stall, not idle, so two requests that only compute,
+  # preempted every 2 ms while the other waits, show no idle time and one
+  # held span each.
+  SPIN_APP = lambda do |_env|
+    spin(0.02)
+    [200, { "content-type" => "text/plain" }, ["ok"]]
+  end
+
+  def test_a_fairness_preemption_is_stall_not_idle
+    skip "no native preemption on Ruby #{RUBY_VERSION}" unless Serval::Native::Fairness.supported?
+
+    with_server(SPIN_APP, max_threads: 2, fair_timeslice: 2.0) do |server, port|
+      before = Serval::Native::Fairness.stats[:preemptions]
+      Array.new(2) { Thread.new { loop_requests(port, 5) } }.each(&:join)
+      assert_operator Serval::Native::Fairness.stats[:preemptions] - before, :>, 5, "the requests were preempted"
+      samples = server.window[:samples]
+      assert_equal 10, samples.size
+      samples.each do |s|
+        assert_operator s[:idle], :<, 0.001, "no idle time in a request that only computes: #{s.inspect}"
+        assert_equal 1, s.fetch(:shape).size, "one held span: #{s.inspect}"
+      end
+      assert_operator samples.sum { |s| s[:stall] }, :>, 0.02, "the preempted turns are stall"
+    end
+  end
 end

@@ -174,7 +174,9 @@ static void give_way(void *arg)
     if (!(flags_of(rb_thread_current()) & FLAG_MARKED) || !slice_over(mono_ns()))
         return;
     atomic_fetch_add(&preemptions, 1);
+    sv_gvl_yielding = 1; /* the GVL hook files this release as stall (gvl.c) */
     rb_nogvl(noop, NULL, NULL, NULL, RB_NOGVL_INTR_FAIL);
+    sv_gvl_yielding = 0;
 }
 
 static struct timespec abs_time(uint64_t ns)

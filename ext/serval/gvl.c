@@ -36,6 +36,8 @@
 #include <ruby.h>
 #include "serval_ruby.h"
 
+__thread int sv_gvl_yielding; /* fairness.c's preemption in progress (serval_ruby.h) */
+
 #ifdef HAVE_RUBY_THREAD_H
 #include <ruby/thread.h>
 #endif
@@ -194,6 +196,8 @@ static void on_event(rb_event_flag_t ev, const rb_internal_thread_event_data_t *
     uint64_t now = now_ns(CLOCK_MONOTONIC);
     int next = ev == RUBY_INTERNAL_THREAD_EVENT_RESUMED ? SV_GVL_RUN
              : ev == RUBY_INTERNAL_THREAD_EVENT_READY ? SV_GVL_WAIT : SV_GVL_IDLE;
+    if (ev == RUBY_INTERNAL_THREAD_EVENT_SUSPENDED && sv_gvl_yielding)
+        next = SV_GVL_WAIT; /* a fairness preemption: waiting for its next turn, not idle */
     sv_gvl_slot *s = slot_of(EVENT_THREAD(d), next, now, ev != RUBY_INTERNAL_THREAD_EVENT_READY);
     if (!s)
         return;

@@ -37,6 +37,10 @@ VALUE sv_timing_env_key(void);
 double sv_request_queued_at(VALUE req);
 int sv_gvl_counters(uint64_t out[3]);
 int sv_gvl_mark(int in_request, uint64_t out[4]);
+/* Set by fairness.c around the GVL release that gives a waiting thread its
+ * turn: the GVL hook counts that release as stall (the thread wants the GVL
+ * back at once), not as idle. Owner thread only. */
+extern __thread int sv_gvl_yielding;
 /* A request's shape: its GVL-held and idle spans in order, [cpu, io, cpu,
  * ..., cpu], at most SV_SEGS (odd) entries; spans past that fold into the
  * last two (totals kept). */
