@@ -89,6 +89,13 @@ module Serval
         probe_queue: 2.0      # ... longer than this many times their wall (a standing queue) -> probe +1
       }.freeze
 
+      # The fewest threads (1-based) whose predicted req/s reaches `fraction`
+      # of the best; the last count when none does.
+      def self.knee(rps, fraction)
+        best = rps.max
+        (rps.index { |r| r >= fraction * best } || (rps.size - 1)) + 1
+      end
+
       # reason: the latest interval's (a hold says why it held);
       # change_reason: the last change's (nil before the first).
       attr_reader :target, :min, :max, :reason, :change_reason, :settings
@@ -178,8 +185,7 @@ module Serval
         n = @target
         rps = model[:rps].map(&:to_f)
         top = [cap, rps.size].min
-        best = rps[0, top].max
-        knee = (1..top).find { |t| rps[t - 1] >= @s[:fraction] * best } || top
+        knee = Controller.knee(rps[0, top], @s[:fraction])
         @want = (knee + @s[:margin]).clamp(@min, top)
         want = [@want, ceiling].min
         here = rps[[n, rps.size].min - 1]

@@ -131,10 +131,7 @@ module Serval
         @log_writer.info("threads: #{decision.from} -> #{decision.target} (#{decision.reason})")
       end
 
-      def knee(model)
-        best = model[:rps].max
-        (model[:rps].index { |r| r >= 0.97 * best } || 0) + 1
-      end
+      def knee(model) = Controller.knee(model[:rps], @controller.settings[:fraction])
 
       def now
         Process.clock_gettime(Process::CLOCK_MONOTONIC)
