@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require "serval/threads"
+require "serval/ticker"
 
 module Serval
   # The advice log line: every `advice_log_interval` seconds (0: never) the
@@ -33,9 +33,6 @@ module Serval
       @interval = Float(interval)
       @log_writer = log_writer
       @settings = settings
-      @mutex = Mutex.new
-      @wake = ConditionVariable.new
-      @stopped = false
       @last = nil # [threads, processes] last logged
       @last_error = nil
     end
@@ -60,39 +57,15 @@ module Serval
       nil
     end
 
+    # priority -3: shorter time slices while it holds the GVL beside request threads
     def start
-      @thread = Threads.spawn("serval-advice", @log_writer) do
-        Thread.current.priority = -3 # shorter time slices while it holds the GVL beside request threads
-        run if @launcher.wait_until_booted(BOOT_WAIT)
-      end
+      @ticker = Ticker.new("serval-advice", @interval, @log_writer, priority: -3,
+                           ready: -> { @launcher.wait_until_booted(BOOT_WAIT) }).start { check }
       self
     end
 
     def stop
-      @mutex.synchronize do
-        @stopped = true
-        @wake.signal
-      end
-      @thread&.join unless @thread == Thread.current
-    end
-
-    private
-
-    def run
-      loop do
-        @mutex.synchronize do
-          deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @interval
-          until @stopped
-            left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
-            break if left <= 0
-
-            @wake.wait(@mutex, left)
-          end
-        end
-        return if @mutex.synchronize { @stopped }
-
-        check
-      end
+      @ticker&.stop
     end
   end
 end

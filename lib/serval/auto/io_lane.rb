@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require "serval/native_ext"
-require "serval/threads"
+require "serval/ticker"
 
 module Serval
   module Auto
@@ -28,9 +28,6 @@ module Serval
         @poll = poll
         @idle = 0
         @peak = 0
-        @mutex = Mutex.new
-        @wake = ConditionVariable.new
-        @stopping = false
       end
 
       def start
@@ -39,16 +36,12 @@ module Serval
           return self
         end
 
-        @thread = Threads.spawn("serval-io-lane", @log_writer) { run }
+        @ticker = Ticker.new("serval-io-lane", @poll, @log_writer).start { check }
         self
       end
 
       def stop
-        @mutex.synchronize do
-          @stopping = true
-          @wake.broadcast
-        end
-        @thread&.join(5)
+        @ticker&.stop(5)
         @pool.lane = 0
       end
 
@@ -65,17 +58,6 @@ module Serval
       def stats
         { max_io_threads: @max, idle_requests: @idle, lane_threads: @pool.lane, peak_lane_threads: @peak,
           idle_after: @idle_after }
-      end
-
-      private
-
-      def run
-        loop do
-          @mutex.synchronize { @wake.wait(@mutex, @poll) unless @stopping }
-          break if @stopping
-
-          check
-        end
       end
     end
   end

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require "serval/threads"
+require "serval/ticker"
 require "serval/load_meter"
 require "serval/cluster/load_table"
 require "serval/cluster/balance_policy"
@@ -33,13 +33,14 @@ module Serval
         @held = held || LoadMeter.method(:gvl_held)
         @holding = false
         @figures = [0.0, 0.0, 0]
-        @mutex = Mutex.new
-        @wake = ConditionVariable.new
-        @stopped = false
       end
 
       def start
-        @thread = Threads.spawn("serval-balance", @log_writer) { run }
+        # a bad tick must not end balancing for the worker's life: logged once, the thread goes on
+        @ticker = Ticker.new("serval-balance", TICK, @log_writer, first: :tick, on_error: lambda { |e|
+          @log_writer.error("serval: balance tick failed (#{e.class}: #{e.message})") unless @failed
+          @failed = true
+        }).start { tick }
         self
       end
 
@@ -47,11 +48,7 @@ module Serval
       # master stop counting on this worker. A hold stays: the drain that
       # follows takes the listeners away for good.
       def stop
-        @mutex.synchronize do
-          @stopped = true
-          @wake.signal
-        end
-        @thread&.join(2)
+        @ticker&.stop(2)
         publish(stopping: true)
       end
 
@@ -79,21 +76,6 @@ module Serval
 
       def core
         @server.core
-      end
-
-      def run
-        loop do
-          begin
-            tick
-          rescue StandardError => e # a bad tick must not end balancing for the worker's life
-            @log_writer.error("serval: balance tick failed (#{e.class}: #{e.message})") unless @failed
-            @failed = true
-          end
-          @mutex.synchronize do
-            @wake.wait(@mutex, TICK) unless @stopped
-            return if @stopped
-          end
-        end
       end
 
       def apply(decision, util, busy)

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require "serval/plugins"
-require "serval/threads"
+require "serval/ticker"
 
 module Serval
   module Plugins
@@ -22,25 +22,17 @@ module Serval
         @launcher = launcher
         @interval = interval
         @path = File.expand_path(PATH, launcher.options[:directory] || Dir.pwd)
-        @mutex = Mutex.new
-        @cond = ConditionVariable.new
-        @stopped = false
         @seen = signature # taken before boot: a touch while the app boots restarts it once it serves
       end
 
       def start
-        @thread = Threads.spawn("serval-tmp-restart", @launcher.log_writer) do
-          watch if @launcher.wait_until_booted(BOOT_WAIT)
-        end
+        @ticker = Ticker.new("serval-tmp-restart", @interval, @launcher.log_writer, first: :tick,
+                             ready: -> { @launcher.wait_until_booted(BOOT_WAIT) }).start { check }
         self
       end
 
       def stop
-        @mutex.synchronize do
-          @stopped = true
-          @cond.broadcast
-        end
-        @thread&.join
+        @ticker&.stop
       end
 
       # One look: queues a restart when the file appeared or changed since
@@ -58,18 +50,6 @@ module Serval
       end
 
       private
-
-      def watch
-        check until pause
-      end
-
-      # Waits one interval; true once stopped.
-      def pause
-        @mutex.synchronize do
-          @cond.wait(@mutex, @interval) unless @stopped
-          @stopped
-        end
-      end
 
       def signature
         stat = File.stat(@path)
