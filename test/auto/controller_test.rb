@@ -175,6 +175,41 @@ class AutoControllerTest < Minitest::Test
     assert_equal 5, c.target, "the model changed after the ceiling's memory: probe again"
   end
 
+  # Part load (arrivals well below what the count serves, no standing
+  # queue): the count with the lowest predicted open-loop p99, up or down,
+  # only past `open_gain` (5 %); a standing queue hands the decision back to the
+  # closed-loop rules.
+  def test_at_part_load_it_goes_to_the_lowest_predicted_p99
+    inf = Float::INFINITY
+    model = { rps: [50, 70, 75, 75, 75, 75, 75, 75], stall: Array.new(8, 0.0),
+              p99: [inf, 0.35, 0.25, 0.26, 0.30, 0.33, 0.36, 0.40], rate: 55.0 }
+    c = controller(initial: 6, cooldown: 0, margin: 0)
+    refute c.observe(m(threads: 6, rps: 55, queue: 0.03, wall: 0.05), model: model).changed
+    d = c.observe(m(threads: 6, rps: 55, queue: 0.03, wall: 0.05), model: model)
+    assert d.changed
+    assert_equal 4, d.target, "bounded step toward 3"
+    assert_match(/arrivals at 55 req\/s, 73 % of what 6 threads serve: the model's p99 is 250 ms at 3 threads, 330 ms at 6/,
+                 d.reason)
+    2.times { c.observe(m(threads: 4, rps: 55, queue: 0.03, wall: 0.05), model: model) }
+    assert_equal 4, c.target, "4's predicted p99 is within 5 % of 3's: hold"
+    assert_match(/p99 at 4 threads \(260 ms\) is within 5 % of the best \(3 threads\)/, c.reason)
+    # too few threads for the arrivals at part load: up to the best
+    up = controller(initial: 2, cooldown: 0, margin: 0)
+    2.times { up.observe(m(threads: 2, rps: 55, queue: 0.03, wall: 0.05), model: model) }
+    assert_equal 3, up.target
+    # waits longer than a request's own time at part load: still the p99 rule (the prediction counts the queue)
+    c2 = controller(initial: 6, cooldown: 0, margin: 0)
+    2.times { c2.observe(m(threads: 6, rps: 55, queue: 0.3, wall: 0.05, gvl: 0.9), model: model) }
+    assert_equal 4, c2.target
+    # arrivals near what the count serves: the closed-loop rules too
+    c3 = controller(initial: 6, cooldown: 0, margin: 0)
+    4.times { refute c3.observe(m(threads: 6, rps: 70, queue: 0.03, wall: 0.05, gvl: 0.99), model: model).changed }
+    # no open-loop figures (a model run without a rate): the closed-loop rules
+    c4 = controller(initial: 6, cooldown: 0, margin: 0)
+    closed = model.merge(p99: nil)
+    4.times { refute c4.observe(m(threads: 6, rps: 55, queue: 0.03, wall: 0.05, gvl: 0.99), model: closed).changed }
+  end
+
   def test_the_default_target_is_the_models_knee
     assert_equal 0, Controller::DEFAULTS[:margin]
   end

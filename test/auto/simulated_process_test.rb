@@ -20,14 +20,35 @@ class AutoSimulatedProcessTest < Minitest::Test
 
   # One process serving a workload at a given thread count.
   class FakeProcess
-    def initialize(share:, ms: 0.02, pool: nil, seed: 11)
+    def initialize(share:, ms: 0.02, pool: nil, seed: 11, quantum: nil)
       workload = Serval::Advice::Workload.new(run: Serval::Advice::Distribution.exponential(ms * share, rng: Random.new(seed)),
                                       io: Serval::Advice::Distribution.exponential(ms * (1 - share), rng: Random.new(seed + 1)),
                                       io_waits: 2)
-      @sim = Serval::Advice::Simulation.new(workload.profiles(1500, Random.new(seed + 2)), pool: pool)
+      @sim = Serval::Advice::Simulation.new(workload.profiles(1500, Random.new(seed + 2)), pool: pool,
+                                            quantum: quantum || Serval::Advice::Simulation::QUANTUM)
       @pool = pool
       @truth = {}
+      @open = {}
       @window = window_of(workload.profiles(600, Random.new(seed + 3)))
+      @window[:timeslice] = quantum if quantum
+    end
+
+    # Open loop: Poisson arrivals at `rate`, whatever the thread count.
+    def open_truth(threads, rate)
+      @open[[threads, rate]] ||= @sim.open(threads, rate: rate, rng: Random.new(17))
+    end
+
+    # An interval of open arrivals at `rate` served by `threads`.
+    def measure_open(threads, rate, rng, seconds: 5.0)
+      r = open_truth(threads, rate)
+      rps = rate * (1 + ((rng.rand - 0.5) * 0.06))
+      Serval::Auto::Measurement.new(seconds: seconds, requests: (rps * seconds).round, threads: threads,
+                                    queue_p90: r.queue_mean * 2.3, queue_mean: r.queue_mean, stall_mean: r.stall_mean,
+                                    stall_p95: r.stall_p95, wall_mean: r.wall_p50, gvl: r.gvl_busy.clamp(0.0, 1.0))
+    end
+
+    def open_model(rate)
+      Serval::Auto::Model.call(@window, max: MAX, rate: rate)
     end
 
     def truth(threads)
@@ -101,6 +122,30 @@ class AutoSimulatedProcessTest < Minitest::Test
       assert_settles(process, targets, c, "cpu #{share} from #{start}", start)
       knee = (1..MAX).find { |t| process.truth(t).rps >= 0.95 * process.best }
       assert_operator targets.last, :<=, knee + 3, "not far past the knee (#{knee}): #{targets.inspect}"
+    end
+  end
+
+  # Open (Poisson) arrivals at 80 % of the best closed-loop req/s, the model
+  # run at the measured rate (as the tuner does): the count it settles on
+  # answers with a p99 (the simulated truth, other seeds than the model's)
+  # within 15 % of the best count's (the model sees a 600-request window,
+  # the truth 1,500 other requests: a few % apart), from above and from below, with
+  # Ruby's 100 ms slice and with a 2 ms fair slice.
+  [[0.7, 8, nil], [0.7, 12, 0.002], [0.35, 2, nil], [0.35, 12, 0.002], [0.1, 6, 0.002]].each do |share, start, quantum|
+    define_method("test_open_arrivals_at_#{(share * 100).round}_percent_cpu_from_#{start}_slice_#{quantum || 'ruby'}") do
+      process = FakeProcess.new(share: share, quantum: quantum)
+      rate = 0.8 * process.best
+      truth = (1..MAX).to_h { |t| [t, process.open_truth(t, rate).latency_p99] }
+      best = truth.values.min
+      c = Serval::Auto::Controller.new(min: 1, max: MAX, initial: start)
+      model = process.open_model(rate)
+      rng = Random.new(5)
+      targets = Array.new(30) { c.observe(process.measure_open(c.target, rate, rng), model: model).target }
+      got = truth[targets.last]
+      assert_operator got, :<=, best * 1.15,
+                      "settled at #{targets.last} (p99 #{(got * 1e3).round} ms, best #{(best * 1e3).round} ms): " \
+                      "#{targets.inspect} #{c.reason}"
+      assert_empty changes(targets).select { |i| i >= 15 }, "still moving late #{targets.inspect}"
     end
   end
 

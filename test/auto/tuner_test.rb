@@ -35,15 +35,18 @@ class AutoTunerTest < Minitest::Test
   # per call, the last repeated); returns the ticks at which the model ran.
   def model_ticks(ticks, knees)
     runs = []
+    @rates = []
     calls = 0
-    model = lambda do |_window, max:|
+    model = lambda do |_window, max:, rate: nil|
+      @rates << rate
       knee = knees[[calls, knees.size - 1].min]
       calls += 1
       runs << @tick
       rps = (1..max).map { |t| t < knee ? 100.0 * t / knee : 100.0 }
-      { rps: rps, stall: Array.new(max, 0.0), requests: 1000, cpu_share: 0.3 }
+      { rps: rps, stall: Array.new(max, 0.0), requests: 1000, cpu_share: 0.3, rate: rate }
     end
     t = tuner
+    t.instance_variable_set(:@sampler, @sampler) if @sampler
     Serval::Auto::Model.stub(:call, model) do
       (1..ticks).each do |i|
         @tick = i
@@ -70,5 +73,28 @@ class AutoTunerTest < Minitest::Test
     every = Serval::Auto::Tuner::MODEL_EVERY
     # runs 1-3 the same knee (gaps grow), run 4 a new knee: the gap after it is back to MODEL_EVERY
     assert_equal [every, every * 2, every * 4, every], gaps.first(4), runs.inspect
+  end
+
+  # Measurements at a given req/s per tick (the sampler's place).
+  class FakeSampler
+    def initialize(rates) = @rates = rates
+    def sample(threads:, pools: nil)
+      rps = @rates.shift || 0.0
+      Serval::Auto::Measurement.new(seconds: 1.0, requests: rps.round, threads: threads, queue_p90: 0.0,
+                                    stall_mean: 0.0, wall_mean: 0.02, gvl: 0.5)
+    end
+  end
+
+  # The model's open-loop figures are for the arrival rate it ran at: it is
+  # given the interval's req/s, and a rate that moves by more than
+  # RATE_DRIFT runs it again at once (not after the grown gap).
+  def test_the_model_runs_at_the_measured_rate_and_again_when_the_rate_moves
+    @sampler = FakeSampler.new(Array.new(20, 50.0) + Array.new(5, 55.0) + Array.new(10, 80.0))
+    runs = model_ticks(35, [4])
+    assert_equal 50.0, @rates.first
+    assert_equal [1, 4, 10], runs.first(3), "the gap grows while the rate holds (+10 % is within the drift)"
+    assert_includes runs, 26, "80 req/s is 60 % above the model's 50: run again at the first such interval"
+    assert_equal 80.0, @rates[runs.index(26)]
+    assert_operator runs.count { |r| r > 26 }, :<=, 1, "and then the gap again, not every tick: #{runs.inspect}"
   end
 end

@@ -57,6 +57,13 @@ module Serval
     #   measured that the count gained over one fewer (more req/s or a
     #   shorter latency, by more than `down_gain`): measurement beats the
     #   model;
+    # - at part load (arrivals below `open_load` of what the model says the
+    #   count serves), with a model that predicts
+    #   open-loop p99 at the measured arrival rate: to the count with the
+    #   lowest predicted p99, when the current count's is more than
+    #   `open_gain` above it (up or down; the closed-loop rules above are
+    #   about saturation and do not apply: at part load req/s is the
+    #   arrival rate whatever the count, and a burst queues at any count);
     # - hold otherwise, with too few requests, or in the `cooldown` intervals
     #   right after a change (the first straddles it).
     #
@@ -86,7 +93,10 @@ module Serval
         slack: 2,             # model-driven down: only this many threads past its target
         memory: 30,           # intervals a measured figure or ceiling is kept
         probe_gvl: 0.97,      # with a model that holds: GVL held below this share while requests queue ...
-        probe_queue: 2.0      # ... longer than this many times their wall (a standing queue) -> probe +1
+        probe_queue: 2.0,     # ... longer than this many times their wall (a standing queue) -> probe +1
+        open_load: 0.9,       # arrivals below this share of the model's req/s at the count, no standing queue:
+                              # part load, where the count with the lowest predicted p99 is the target
+        open_gain: 0.05       # ... moved to only when the count's predicted p99 is this much above it
       }.freeze
 
       # The fewest threads (1-based) whose predicted req/s reaches `fraction`
@@ -120,7 +130,8 @@ module Serval
         @want = nil      # the model's latest target
       end
 
-      # m: a Measurement; model: nil or {rps: [..], stall: [..]} for 1..N threads.
+      # m: a Measurement; model: nil or {rps: [..], stall: [..], p99: [..] or nil} for 1..N
+      # threads (p99: open-loop latency at the arrival rate the model was run at).
       def observe(m, model: nil)
         @tick += 1
         from = m.threads || @target
@@ -189,6 +200,9 @@ module Serval
         @want = (knee + @s[:margin]).clamp(@min, top)
         want = [@want, ceiling].min
         here = rps[[n, rps.size].min - 1]
+        open = open_vote(m, model, cap, here)
+        return open if open
+
         if queued && want > n
           gain = rps[want - 1] / here - 1
           return [:up, want, format("requests queue; the model gives %d threads %.0f req/s (+%d %%, knee %d)",
@@ -205,13 +219,43 @@ module Serval
         [:hold, n, format("the model puts the knee at %d threads (target %d)", knee, want)]
       end
 
-      # A probe needs a standing queue (requests wait for a thread longer
-      # than `probe_queue` x their own time: all threads busy, as in a closed
-      # loop), not the bursts of arrivals at part load, and a GVL free part of
-      # the time; and n + 1 not already measured to do no better.
+      # Part load: nil when the model has no open-loop figures or the
+      # arrivals come near what the count serves (then the closed-loop rules
+      # decide: in a closed loop req/s is what the count serves); else a
+      # vote toward the count with the lowest predicted p99 (the fewest
+      # threads among equals). A queue at part load is not a reason to add
+      # threads by itself: the prediction already counts it.
+      def open_vote(m, model, cap, here_rps)
+        p99 = model[:p99]
+        return nil unless p99 && m.rps < @s[:open_load] * here_rps
+
+        n = @target
+        top = [cap, ceiling, p99.size].min
+        best = (1..top).min_by { |t| [p99[t - 1], t] }
+        now = p99[[n, p99.size].min - 1]
+        load = format("arrivals at %.0f req/s, %d %% of what %d threads serve", m.rps, (m.rps / here_rps * 100).round, n)
+        if now <= p99[best - 1] * (1 + @s[:open_gain])
+          return [:hold, n, format("%s: the model's p99 at %d threads (%s) is within %d %% of the best (%d threads)",
+                                   load, n, ms(now), (@s[:open_gain] * 100).round, best)]
+        end
+
+        [best > n ? :up : :down, best, format("%s: the model's p99 is %s at %d threads, %s at %d",
+                                              load, ms(p99[best - 1]), best, ms(now), n)]
+      end
+
+      def ms(seconds) = seconds.finite? ? format("%.0f ms", seconds * 1e3) : "unbounded"
+
+      # Every thread busy with requests waiting behind them longer than
+      # `probe_queue` x their own time, as in a closed loop; not the bursts of
+      # arrivals at part load.
+      def standing?(m)
+        (m.queue_mean || m.queue_p90).to_f > @s[:probe_queue] * m.wall_mean.to_f
+      end
+
+      # A probe needs a standing queue and a GVL free part of the time; and
+      # n + 1 not already measured to do no better.
       def probe?(m, n, cap)
-        wait = (m.queue_mean || m.queue_p90).to_f
-        n < [cap, ceiling].min && m.gvl && m.gvl < @s[:probe_gvl] && wait > @s[:probe_queue] * m.wall_mean.to_f &&
+        n < [cap, ceiling].min && m.gvl && m.gvl < @s[:probe_gvl] && standing?(m) &&
           !measured_gain?(n + 1, worse: true)
       end
 

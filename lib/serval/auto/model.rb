@@ -12,16 +12,24 @@ module Serval
     # Ruby, not seconds; the tuner runs it every few intervals in its own
     # low-priority thread, never on a request.
     #
-    # Returns {rps: [...], stall: [...], requests:, cpu_share:} or nil when
-    # the window holds fewer than MIN_SAMPLES measured requests.
+    # With `rate:` (the arrival rate the process measures, req/s) it also
+    # predicts the p99 latency, queue included, of open (Poisson) arrivals at
+    # that rate for every count (`p99:`, Float::INFINITY where the count
+    # cannot keep up): what the controller minimises at part load, where
+    # closed-loop throughput says nothing about which count answers fastest.
+    #
+    # Returns {rps: [...], stall: [...], p99: [...] or nil, rate:, requests:,
+    # cpu_share:} or nil when the window holds fewer than MIN_SAMPLES
+    # measured requests.
     module Model
       REQUESTS = 3000     # simulated requests per thread count
       MIN_SAMPLES = 200   # measured requests needed
       SEED = 7
+      OPEN_ROOM = 1.02    # a count must serve this much more than the arrival rate to be simulated open
 
       module_function
 
-      def call(window, max:)
+      def call(window, max:, rate: nil)
         w = window.is_a?(Advice::Window) ? window : Advice::Window.new(window)
         return nil if w.measured < MIN_SAMPLES
 
@@ -31,8 +39,21 @@ module Serval
         sim = Advice::Simulation.new(workload.profiles(REQUESTS, Random.new(SEED)),
                                      quantum: w.timeslice || Advice::Simulation::QUANTUM, handoff: w.handoff)
         rows = (1..max).map { |t| sim.closed(t) }
-        { rps: rows.map(&:rps), stall: rows.map(&:stall_mean), requests: w.requests,
-          cpu_share: workload.cpu_share }
+        { rps: rows.map(&:rps), stall: rows.map(&:stall_mean), p99: open_p99(sim, rows, rate), rate: rate,
+          requests: w.requests, cpu_share: workload.cpu_share }
+      end
+
+      # p99 latency of Poisson arrivals at `rate` for each count, the same
+      # arrivals for every count (common random numbers); a count whose
+      # closed-loop req/s does not exceed the rate by OPEN_ROOM cannot keep up.
+      def open_p99(sim, rows, rate)
+        return nil unless rate&.positive?
+
+        rows.map do |r|
+          next Float::INFINITY unless r.rps > rate * OPEN_ROOM
+
+          sim.open(r.threads, rate: rate, rng: Random.new(SEED)).latency_p99
+        end
       end
 
       # Ruby 3.1: the waits hold the stall too; take the model's estimate out

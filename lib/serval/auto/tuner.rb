@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require "time"
-require "serval/threads"
+require "serval/ticker"
 require "serval/fairness"
 require "serval/auto/controller"
 require "serval/auto/sampler"
@@ -20,6 +20,7 @@ module Serval
     class Tuner
       MODEL_EVERY = 3   # intervals between model runs (the first as soon as the window allows)
       MODEL_MAX_GAP = 24 # most intervals between model runs while its knee stays the same
+      RATE_DRIFT = 0.2  # the arrival rate moved this much from the model's: run it again
       PRIORITY = -3     # below request threads: the model's Ruby yields to them
 
       def initialize(server, pool, options, log_writer)
@@ -30,9 +31,7 @@ module Serval
         min = [options[:min_threads], 1].max
         @controller = Controller.new(min: [min, options[:threads_auto_max]].min, max: options[:threads_auto_max],
                                      initial: options[:max_threads])
-        @mutex = Mutex.new
-        @wake = ConditionVariable.new
-        @stopping = false
+        @mutex = Mutex.new # the figures #stats reads
         @changed_at = nil
         @changes = 0
         @model = nil
@@ -48,22 +47,17 @@ module Serval
       def start
         @pool.resize(@pool.min, @controller.target) if @pool.max != @controller.target
         @sampler ||= Sampler.new
-        @thread = Threads.spawn("serval-auto", @log_writer) do
-          Thread.current.priority = PRIORITY
-          # with fair_timeslice on (Ruby 3.3+), the model's runs give the GVL to
-          # waiting request threads every slice, as a request thread would
-          Fairness.apply(Thread.current) if Fairness.mode == :preempt
-          run
-        end
+        # with fair_timeslice on (Ruby 3.3+), the model's runs give the GVL to
+        # waiting request threads every slice, as a request thread would
+        @ticker = Ticker.new("serval-auto", @interval, @log_writer, priority: PRIORITY,
+                             setup: -> { Fairness.apply(Thread.current) if Fairness.mode == :preempt },
+                             on_error: ->(e) { @log_writer.exception(e, "threads: auto tick failed") })
+        @ticker.start { tick }
         self
       end
 
       def stop
-        @mutex.synchronize do
-          @stopping = true
-          @wake.broadcast
-        end
-        @thread&.join(5)
+        @ticker&.stop(5)
       end
 
       def stats
@@ -71,7 +65,8 @@ module Serval
           { target_threads: @controller.target, min_threads: @controller.min, max_threads: @controller.max,
             reason: @controller.reason, change_reason: @controller.change_reason, changed_at: @changed_at&.utc&.iso8601(3), changes: @changes,
             interval: @interval, model_threads: @model && knee(@model), model_at: @model_at&.utc&.iso8601(3),
-            model_every: @model_gap }
+            model_every: @model_gap, model_open_threads: @model && open_best(@model),
+            model_rate: @model && @model[:rate]&.round(2) }
         end
       end
 
@@ -80,7 +75,7 @@ module Serval
         @ticks += 1
         @sampler ||= Sampler.new
         m = @sampler.sample(threads: @pool.max, pools: @server.db_pools)
-        refresh_model if @model.nil? || @ticks - @model_tick >= @model_gap
+        refresh_model(m.rps) if @model.nil? || @ticks - @model_tick >= @model_gap || drifted?(m)
         decision = @controller.observe(m, model: @model)
         apply(decision) if decision.changed
         @last = decision
@@ -88,33 +83,22 @@ module Serval
 
       private
 
-      def run
-        loop do
-          @mutex.synchronize do
-            deadline = now + @interval
-            until @stopping || (left = deadline - now) <= 0
-              @wake.wait(@mutex, left)
-            end
-          end
-          break if @stopping
-
-          begin
-            tick
-          rescue StandardError => e
-            @log_writer.exception(e, "threads: auto tick failed")
-          end
-        end
+      # The open-loop figures are for the rate the model ran at; a rate that
+      # moved by more than RATE_DRIFT needs them again.
+      def drifted?(m)
+        rate = @model && @model[:rate]
+        rate&.positive? && m.rps.positive? && (m.rps / rate - 1).abs > RATE_DRIFT
       end
 
-      def refresh_model
+      def refresh_model(rate)
         @model_tick = @ticks
         window = @server.window
         return unless window
 
-        model = Model.call(window, max: @controller.max)
+        model = Model.call(window, max: @controller.max, rate: rate.positive? ? rate : nil)
         return unless model
 
-        same = @model && knee(@model) == knee(model)
+        same = @model && knee(@model) == knee(model) && open_best(@model) == open_best(model)
         @model_gap = same ? [@model_gap * 2, MODEL_MAX_GAP].min : MODEL_EVERY
         @mutex.synchronize do
           @model = model
@@ -133,9 +117,7 @@ module Serval
 
       def knee(model) = Controller.knee(model[:rps], @controller.settings[:fraction])
 
-      def now
-        Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      end
+      def open_best(model) = model[:p99] && model[:p99].each_with_index.min_by { |p, i| [p, i] }[1] + 1
     end
   end
 end

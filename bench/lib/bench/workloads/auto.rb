@@ -15,8 +15,9 @@ module Bench
     #    measurement rounds back to back; the thread count it chose and its
     #    log lines are kept;
     # 3. with BENCH_AUTO_OPEN=1, open-loop Poisson arrivals at 80 % of the
-    #    best fixed req/s: p99 at each fixed count and with auto (whose
-    #    open-loop warm-up is BENCH_AUTO_WARMUP, not counted).
+    #    best fixed req/s: p99 at each fixed count (median of rounds, round i
+    #    with arrival seed i) and with auto (one server, BENCH_AUTO_WARMUP s
+    #    of the arrivals not counted, then the same rounds and seeds).
     #
     # Done (issue 10): auto >= 95 % of the best fixed req/s; open-loop p99
     # within 10 % of the best fixed count's. Puma at BENCH_AUTO_PUMA_THREADS
@@ -105,9 +106,12 @@ module Bench
         rate = (0.8 * best_rps).round(1)
         point = { "rate" => rate }
         per = fixed.map do |t|
-          m = open_run(server, share, db_path, t, point, 1)
-          ctx.log format("auto: cpu %.2f open %.1f req/s fixed %d: p99 %.1f ms", share, rate, t, m["p99_ms"].to_f)
-          { "threads" => t, "p99_ms" => m["p99_ms"], "p50_ms" => m["p50_ms"], "completed" => m["completed"] }
+          runs = Array.new(rounds) { |i| open_run(server, share, db_path, t, point, i + 1) }
+          p99s = runs.map { |m| m["p99_ms"].to_f }
+          ctx.log format("auto: cpu %.2f open %.1f req/s fixed %d: p99 %.1f ms (rounds %s)", share, rate, t,
+                         median(p99s), p99s.map { |v| v.round(1) }.inspect)
+          { "threads" => t, "p99_ms" => median(p99s), "rounds_p99_ms" => p99s,
+            "p50_ms" => median(runs.map { |m| m["p50_ms"].to_f }), "completed" => runs.sum { |m| m["completed"].to_i } }
         end
         best = per.min_by { |r| r["p99_ms"] || Float::INFINITY }
         auto = open_auto(server, share, db_path, rate)
@@ -123,8 +127,8 @@ module Bench
         closed = Array.new(rounds) { closed_c(@puma, share, db_path, puma_threads) }
         out = { "threads" => puma_threads, "rps" => median(closed.map { |r| r["rps"] }) }
         if rate
-          m = open_run(@puma, share, db_path, puma_threads, { "rate" => rate }, 1)
-          out["open_p99_ms"] = m["p99_ms"]
+          runs = Array.new(rounds) { |i| open_run(@puma, share, db_path, puma_threads, { "rate" => rate }, i + 1) }
+          out["open_p99_ms"] = median(runs.map { |m| m["p99_ms"].to_f })
         end
         ctx.log format("auto: cpu %.2f puma %d threads: %.1f req/s, open p99 %s", share, puma_threads, out["rps"],
                        out["open_p99_ms"] ? fmt_ms(out["open_p99_ms"]) : "-")
@@ -138,17 +142,27 @@ module Bench
         "#{fmt_rps(puma['rps'])} / #{p99}"
       end
 
+      # One auto server: BENCH_AUTO_WARMUP s of the arrivals to settle (not
+      # counted), then `rounds` measured runs back to back with the seeds the
+      # fixed counts had (the same arrivals), p99 the median.
       def open_auto(server, share, db_path, rate)
         with_auto_server(server, db_path) do |proc, control|
           url = "http://127.0.0.1:#{proc.port}#{path(share)}"
-          argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), "--url", url,
-                                 "--rate", rate.to_s, "--duration", open_seconds.to_s, "--warmup", auto_warmup.to_s])
-          status, out, timed_out = Util.capture(argv, timeout: open_seconds + auto_warmup + 60)
-          raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
+          runs = Array.new(rounds) do |i|
+            warm = i.zero? ? auto_warmup : 0
+            argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), "--url", url,
+                                   "--rate", rate.to_s, "--duration", open_seconds.to_s, "--warmup", warm.to_s,
+                                   "--seed", (i + 1).to_s])
+            status, out, timed_out = Util.capture(argv, timeout: open_seconds + warm + 60)
+            raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
 
-          m = JSON.parse(out.lines.last)
-          { "p99_ms" => m["p99_ms"], "p50_ms" => m["p50_ms"], "completed" => m["completed"],
-            "threads" => control.call&.dig("target_threads") }
+            JSON.parse(out.lines.last).merge("threads" => control.call&.dig("target_threads"))
+          end
+          auto = control.call
+          { "p99_ms" => median(runs.map { |m| m["p99_ms"].to_f }), "rounds_p99_ms" => runs.map { |m| m["p99_ms"] },
+            "p50_ms" => median(runs.map { |m| m["p50_ms"].to_f }), "completed" => runs.sum { |m| m["completed"].to_i },
+            "threads" => auto&.dig("target_threads"), "threads_per_round" => runs.map { |m| m["threads"] },
+            "reason" => auto&.dig("reason"), "change_reason" => auto&.dig("change_reason") }
         end
       end
 
