@@ -19,4 +19,8 @@ module Serval
   # (an invalid status, a header name that is not a token, CR/LF in a value).
   # Answered with a 500 when nothing was sent yet.
   class BadResponse < Error; end
+
+  # The `threads :auto` model's child process failed (did not start, died,
+  # answered nothing in time); the tuner runs the model in-process instead.
+  class ModelProcessError < Error; end
 end

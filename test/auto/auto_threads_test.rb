@@ -42,7 +42,7 @@ class AutoThreadsTest < Minitest::Test
       stats = server.stats
       assert_operator stats[:max_threads], :>=, 3, "the pool did not grow: #{stats[:auto].inspect}\n#{out.string}"
       assert_equal stats[:max_threads], stats[:auto][:target_threads]
-      assert_operator stats[:auto][:changes], :>=, 2
+      assert_operator stats[:auto][:changes], :>=, 1
       assert_kind_of String, stats[:auto][:changed_at]
       assert_match(/queue p90 \d+ ms/, stats[:auto][:reason])
       assert_match(/queue p90 \d+ ms/, stats[:auto][:change_reason])

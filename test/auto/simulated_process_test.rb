@@ -48,7 +48,7 @@ class AutoSimulatedProcessTest < Minitest::Test
     end
 
     def open_model(rate)
-      Serval::Auto::Model.call(@window, max: MAX, rate: rate)
+      Serval::Auto::Model.call(@window, max: MAX, rate: rate, through: MAX)
     end
 
     def truth(threads)

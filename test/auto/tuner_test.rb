@@ -37,7 +37,7 @@ class AutoTunerTest < Minitest::Test
     runs = []
     @rates = []
     calls = 0
-    model = lambda do |_window, max:, rate: nil|
+    model = lambda do |_window, max:, rate: nil, through: nil|
       @rates << rate
       knee = knees[[calls, knees.size - 1].min]
       calls += 1

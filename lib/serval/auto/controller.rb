@@ -230,9 +230,11 @@ module Serval
         return nil unless p99 && m.rps < @s[:open_load] * here_rps
 
         n = @target
-        top = [cap, ceiling, p99.size].min
-        best = (1..top).min_by { |t| [p99[t - 1], t] }
         now = p99[[n, p99.size].min - 1]
+        return [:hold, n, "part load; the model has no p99 for #{n} threads yet"] unless now
+
+        top = [cap, ceiling, p99.size].min
+        best = (1..top).select { |t| p99[t - 1] }.min_by { |t| [p99[t - 1], t] } || n
         load = format("arrivals at %.0f req/s, %d %% of what %d threads serve", m.rps, (m.rps / here_rps * 100).round, n)
         if now <= p99[best - 1] * (1 + @s[:open_gain])
           return [:hold, n, format("%s: the model's p99 at %d threads (%s) is within %d %% of the best (%d threads)",

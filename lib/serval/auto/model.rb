@@ -14,9 +14,13 @@ module Serval
     #
     # With `rate:` (the arrival rate the process measures, req/s) it also
     # predicts the p99 latency, queue included, of open (Poisson) arrivals at
-    # that rate for every count (`p99:`, Float::INFINITY where the count
-    # cannot keep up): what the controller minimises at part load, where
-    # closed-loop throughput says nothing about which count answers fastest.
+    # that rate (`p99:`, Float::INFINITY where the count cannot keep up):
+    # what the controller minimises at part load, where closed-loop
+    # throughput says nothing about which count answers fastest. To keep a
+    # run short (it is Ruby that requests wait behind) the counts are
+    # simulated upward from the first that keeps up and no further than two
+    # past the lowest p99 once two in a row came out worse, but always
+    # through `through` (the count running); the rest are nil (not simulated).
     #
     # Returns {rps: [...], stall: [...], p99: [...] or nil, rate:, requests:,
     # cpu_share:} or nil when the window holds fewer than MIN_SAMPLES
@@ -29,7 +33,7 @@ module Serval
 
       module_function
 
-      def call(window, max:, rate: nil)
+      def call(window, max:, rate: nil, through: nil)
         w = window.is_a?(Advice::Window) ? window : Advice::Window.new(window)
         return nil if w.measured < MIN_SAMPLES
 
@@ -39,20 +43,26 @@ module Serval
         sim = Advice::Simulation.new(workload.profiles(REQUESTS, Random.new(SEED)),
                                      quantum: w.timeslice || Advice::Simulation::QUANTUM, handoff: w.handoff)
         rows = (1..max).map { |t| sim.closed(t) }
-        { rps: rows.map(&:rps), stall: rows.map(&:stall_mean), p99: open_p99(sim, rows, rate), rate: rate,
+        { rps: rows.map(&:rps), stall: rows.map(&:stall_mean), p99: open_p99(sim, rows, rate, through.to_i), rate: rate,
           requests: w.requests, cpu_share: workload.cpu_share }
       end
 
       # p99 latency of Poisson arrivals at `rate` for each count, the same
       # arrivals for every count (common random numbers); a count whose
       # closed-loop req/s does not exceed the rate by OPEN_ROOM cannot keep up.
-      def open_p99(sim, rows, rate)
+      def open_p99(sim, rows, rate, through)
         return nil unless rate&.positive?
 
+        best = Float::INFINITY
+        worse = 0
         rows.map do |r|
           next Float::INFINITY unless r.rps > rate * OPEN_ROOM
+          next nil if worse >= 2 && r.threads > through
 
-          sim.open(r.threads, rate: rate, rng: Random.new(SEED)).latency_p99
+          p99 = sim.open(r.threads, rate: rate, rng: Random.new(SEED)).latency_p99
+          worse = p99 > best ? worse + 1 : 0
+          best = p99 if p99 < best
+          p99
         end
       end
 

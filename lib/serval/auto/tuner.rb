@@ -6,12 +6,14 @@ require "serval/fairness"
 require "serval/auto/controller"
 require "serval/auto/sampler"
 require "serval/auto/model"
+require "serval/auto/model_process"
 
 module Serval
   module Auto
     # `threads :auto` in one process: a low-priority thread that, every
     # `auto_interval` seconds, measures the interval (Sampler), refreshes the
-    # model (Model, from Server#window) every MODEL_EVERY intervals, less often
+    # model (Model, from Server#window, run in a nice-19 child process by
+    # ModelProcess) every MODEL_EVERY intervals, less often
     # while it keeps giving the same knee (the gap doubles up to MODEL_MAX_GAP:
     # each run is a burst of Ruby that requests wait behind), asks the
     # Controller and applies its decision through ThreadPool#resize. Each
@@ -23,7 +25,10 @@ module Serval
       RATE_DRIFT = 0.2  # the arrival rate moved this much from the model's: run it again
       PRIORITY = -3     # below request threads: the model's Ruby yields to them
 
-      def initialize(server, pool, options, log_writer)
+      # runner: what runs the model (a ModelProcess from #start on; nil: in
+      # this process, as tests do).
+      def initialize(server, pool, options, log_writer, runner: nil)
+        @runner = runner
         @server = server
         @pool = pool
         @log_writer = log_writer
@@ -39,6 +44,7 @@ module Serval
         @ticks = 0
         @model_gap = MODEL_EVERY
         @model_tick = nil
+        @model_runs = 0
         @last = nil
       end
 
@@ -47,6 +53,7 @@ module Serval
       def start
         @pool.resize(@pool.min, @controller.target) if @pool.max != @controller.target
         @sampler ||= Sampler.new
+        @runner ||= ModelProcess.new
         # with fair_timeslice on (Ruby 3.3+), the model's runs give the GVL to
         # waiting request threads every slice, as a request thread would
         @ticker = Ticker.new("serval-auto", @interval, @log_writer, priority: PRIORITY,
@@ -58,6 +65,7 @@ module Serval
 
       def stop
         @ticker&.stop(5)
+        @runner&.stop if @runner.respond_to?(:stop)
       end
 
       def stats
@@ -65,7 +73,7 @@ module Serval
           { target_threads: @controller.target, min_threads: @controller.min, max_threads: @controller.max,
             reason: @controller.reason, change_reason: @controller.change_reason, changed_at: @changed_at&.utc&.iso8601(3), changes: @changes,
             interval: @interval, model_threads: @model && knee(@model), model_at: @model_at&.utc&.iso8601(3),
-            model_every: @model_gap, model_open_threads: @model && open_best(@model),
+            model_every: @model_gap, model_runs: @model_runs, model_open_threads: @model && open_best(@model),
             model_rate: @model && @model[:rate]&.round(2) }
         end
       end
@@ -75,13 +83,33 @@ module Serval
         @ticks += 1
         @sampler ||= Sampler.new
         m = @sampler.sample(threads: @pool.max, pools: @server.db_pools)
-        refresh_model(m.rps) if @model.nil? || @ticks - @model_tick >= @model_gap || drifted?(m)
+        refresh_model(m.rps) if @model.nil? || @ticks - @model_tick >= @model_gap || drifted?(m) || unseen?
         decision = @controller.observe(m, model: @model)
         apply(decision) if decision.changed
         @last = decision
       end
 
       private
+
+      # The model's open-loop figures stop past the counts that matter; a
+      # count it did not simulate (the pool moved there since) needs a run.
+      def unseen?
+        p99 = @model && @model[:p99]
+        p99 && @pool.max <= p99.size && p99[@pool.max - 1].nil?
+      end
+
+      # In the child process (ModelProcess) when there is one; in this
+      # process when it fails (said once in the log; the next run tries a
+      # new child).
+      def run_model(window, **options)
+        return Model.call(window, **options) unless @runner
+
+        @runner.call(window, **options)
+      rescue ModelProcessError => e
+        @log_writer.warn("threads: auto runs its model in the server process this time (#{e.message})") unless @runner_failed
+        @runner_failed = true
+        Model.call(window, **options)
+      end
 
       # The open-loop figures are for the rate the model ran at; a rate that
       # moved by more than RATE_DRIFT needs them again.
@@ -95,9 +123,10 @@ module Serval
         window = @server.window
         return unless window
 
-        model = Model.call(window, max: @controller.max, rate: rate.positive? ? rate : nil)
+        model = run_model(window, max: @controller.max, rate: rate.positive? ? rate : nil, through: @pool.max)
         return unless model
 
+        @model_runs += 1
         same = @model && knee(@model) == knee(model) && open_best(@model) == open_best(model)
         @model_gap = same ? [@model_gap * 2, MODEL_MAX_GAP].min : MODEL_EVERY
         @mutex.synchronize do
@@ -117,7 +146,10 @@ module Serval
 
       def knee(model) = Controller.knee(model[:rps], @controller.settings[:fraction])
 
-      def open_best(model) = model[:p99] && model[:p99].each_with_index.min_by { |p, i| [p, i] }[1] + 1
+      def open_best(model)
+        p99 = model[:p99] or return nil
+        (1..p99.size).select { |t| p99[t - 1] }.min_by { |t| [p99[t - 1], t] }
+      end
     end
   end
 end

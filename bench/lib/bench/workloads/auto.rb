@@ -159,7 +159,12 @@ module Bench
             JSON.parse(out.lines.last).merge("threads" => control.call&.dig("target_threads"))
           end
           auto = control.call
+          lines = File.readlines(proc.log_path).grep(/threads: \d+ -> \d+/).map(&:strip)
+          ctx.log format("auto: cpu %.2f open auto: p99 rounds %s, threads %s; %d changes: %s", share,
+                         runs.map { |m| m["p99_ms"].to_f.round(1) }.inspect, runs.map { |m| m["threads"] }.inspect,
+                         lines.size, lines.last(3).join(" | "))
           { "p99_ms" => median(runs.map { |m| m["p99_ms"].to_f }), "rounds_p99_ms" => runs.map { |m| m["p99_ms"] },
+            "log" => lines, "model_runs" => auto&.dig("model_runs"),
             "p50_ms" => median(runs.map { |m| m["p50_ms"].to_f }), "completed" => runs.sum { |m| m["completed"].to_i },
             "threads" => auto&.dig("target_threads"), "threads_per_round" => runs.map { |m| m["threads"] },
             "reason" => auto&.dig("reason"), "change_reason" => auto&.dig("change_reason") }

@@ -1,0 +1,33 @@
+# frozen_string_literal: true
+
+# The child of Serval::Auto::ModelProcess: `ruby -I lib model_child.rb NICE`.
+# Reads [window, options] Marshal frames (4-byte big-endian length, then the
+# data) on stdin, answers each with Auto::Model.call's result (or
+# {error: message}) in the same framing on stdout; exits at EOF.
+require "serval/auto/model"
+
+begin
+  Process.setpriority(Process::PRIO_PROCESS, 0, Integer(ARGV[0] || 19))
+rescue SystemCallError
+  nil # not allowed: run at the inherited priority
+end
+$stdin.binmode
+$stdout.binmode
+
+loop do
+  head = $stdin.read(4)
+  break if head.nil? || head.bytesize < 4
+
+  data = $stdin.read(head.unpack1("N"))
+  break if data.nil?
+
+  answer = begin
+    window, options = Marshal.load(data) # rubocop:disable Security/MarshalLoad -- from the parent that started us
+    Serval::Auto::Model.call(window, **options)
+  rescue StandardError => e
+    { error: "#{e.class}: #{e.message}" }
+  end
+  out = Marshal.dump(answer)
+  $stdout.write([out.bytesize].pack("N"), out)
+  $stdout.flush
+end

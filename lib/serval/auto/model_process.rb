@@ -1,0 +1,106 @@
+# frozen_string_literal: true
+
+require "rbconfig"
+require "serval/errors"
+
+module Serval
+  module Auto
+    # Runs Auto::Model in a child process at the lowest CPU priority (nice
+    # 19), so that its burst of Ruby does not take the GVL from the request
+    # threads: in the process a model run (0.2-0.3 s of CPU at 16 counts) is
+    # a thread that request threads wait behind, and at 80 % load one run in
+    # a 15 s measurement tripled p99 (docs/benchmarks.md, `bench/run auto`).
+    # In a child it has its own GVL, and the kernel gives it the CPU the
+    # server leaves idle.
+    #
+    # The child (lib/serval/auto/model_child.rb, a plain `ruby` started with
+    # Process.spawn, not a fork of the server: it loads only the model, none
+    # of the app) reads length-prefixed Marshal frames [window, options] on
+    # stdin and answers each with a frame holding the model or nil; it exits
+    # at EOF, so it ends with the process that started it. Any failure
+    # raises ModelProcessError and stops the child; the next call starts a
+    # new one.
+    class ModelProcess
+      NICE = 19
+      TIMEOUT = 30.0 # seconds for one answer (a model run takes well under one)
+      CHILD = File.expand_path("model_child.rb", __dir__)
+      LIB = File.expand_path("../..", __dir__)
+      MAX_FRAME = 64 << 20
+
+      attr_reader :pid
+
+      def initialize(timeout: TIMEOUT)
+        @timeout = timeout
+        @pid = nil
+      end
+
+      # The model for window (Model.call's arguments).
+      def call(window, **options)
+        start unless @pid
+        write_frame(Marshal.dump([window, options]))
+        answer = Marshal.load(read_frame) # rubocop:disable Security/MarshalLoad -- our own child's answer
+        raise ModelProcessError, answer[:error] if answer.is_a?(Hash) && answer[:error]
+
+        answer
+      rescue ModelProcessError
+        stop
+        raise
+      rescue SystemCallError, IOError, TypeError, ArgumentError, EOFError => e
+        stop
+        raise ModelProcessError, "model process: #{e.class}: #{e.message}"
+      end
+
+      def stop
+        [@to, @from].each { |io| io&.close unless io&.closed? }
+        @to = @from = nil
+        pid = @pid
+        @pid = nil
+        return unless pid
+
+        Process.kill(:KILL, pid)
+        Process.wait(pid)
+      rescue SystemCallError
+        nil
+      end
+
+      private
+
+      def start
+        child_in, @to = IO.pipe
+        @from, child_out = IO.pipe
+        @pid = Process.spawn(RbConfig.ruby, "-I", LIB, CHILD, NICE.to_s, in: child_in, out: child_out,
+                                                                            err: :err, close_others: true)
+        child_in.close
+        child_out.close
+        @to.binmode
+        @from.binmode
+      rescue SystemCallError => e
+        raise ModelProcessError, "model process did not start: #{e.message}"
+      end
+
+      def write_frame(data)
+        @to.write([data.bytesize].pack("N"), data)
+        @to.flush
+      end
+
+      def read_frame
+        size = read_exactly(4).unpack1("N")
+        raise ModelProcessError, "model process: a #{size}-byte answer" if size > MAX_FRAME
+
+        read_exactly(size)
+      end
+
+      def read_exactly(n)
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @timeout
+        buf = +""
+        while buf.bytesize < n
+          left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          raise ModelProcessError, "model process: no answer in #{@timeout} s" if left <= 0 || !@from.wait_readable(left)
+
+          buf << @from.readpartial(n - buf.bytesize)
+        end
+        buf
+      end
+    end
+  end
+end

@@ -1,0 +1,55 @@
+# frozen_string_literal: true
+
+require "json"
+require "test_helper"
+require "serval/auto/model"
+require "serval/auto/model_process"
+
+# The model's child process: the same answer as in this process, at nice
+# 19, restarted after it dies, gone after #stop.
+class AutoModelProcessTest < Minitest::Test
+  WINDOW = File.expand_path("../fixtures/auto/window-35.json", __dir__)
+
+  def setup
+    @window = JSON.parse(File.read(WINDOW))
+    @process = Serval::Auto::ModelProcess.new(timeout: 60)
+  end
+
+  def teardown
+    @process.stop
+  end
+
+  def test_the_child_answers_what_the_model_gives_here_at_the_lowest_priority
+    options = { max: 8, rate: 100.0, through: 5 }
+    got = @process.call(@window, **options)
+    assert_equal Serval::Auto::Model.call(@window, **options), got
+    assert_equal Float::INFINITY, got[:p99][0], "a count that cannot keep up"
+    nice = File.read("/proc/#{@process.pid}/stat").split(") ").last.split[16].to_i
+    assert_equal Serval::Auto::ModelProcess::NICE, nice
+    assert_nil @process.call({ requests: 3, samples: [] }, max: 4), "too few requests: nil, as in-process"
+  end
+
+  def test_a_dead_child_is_an_error_and_the_next_call_starts_another
+    @process.call(@window, max: 4)
+    first = @process.pid
+    Process.kill(:KILL, first)
+    Process.wait(first) rescue Errno::ECHILD # rubocop:disable Style/RescueModifier
+    assert_raises(Serval::ModelProcessError) { @process.call(@window, max: 4) }
+    assert_nil @process.pid
+    refute_nil @process.call(@window, max: 4)
+    refute_equal first, @process.pid
+  end
+
+  def test_a_model_error_comes_back_as_an_error
+    error = assert_raises(Serval::ModelProcessError) { @process.call({ requests: "many" }, max: 4) }
+    assert_match(/ArgumentError/, error.message)
+  end
+
+  def test_stop_ends_the_child
+    @process.call(@window, max: 4)
+    pid = @process.pid
+    @process.stop
+    assert_nil @process.pid
+    assert_raises(Errno::ESRCH, Errno::ECHILD) { Process.kill(0, pid) && Process.wait(pid) }
+  end
+end
