@@ -213,17 +213,20 @@ module Bench
       # came from (the recommender's own load points are shares of its max
       # req/s; this asks for the share that is `rate`). The machine is the
       # server's: one CPU (taskset). nil without a window.
+      # The window read after /advice may have lost a bucket, so the model
+      # is asked first for its max on this window and then at rate / max.
       def model_at(share, advice, rate)
         window = @windows[share] or return nil
-        max = advice["max_rps_per_process"].to_f
-        again = Serval::Advice.recommend(window, machine: { cpus: 1.0, cpu_source: "taskset -c #{ctx.server_cpu}" },
-                                                 load_points: [rate / max])
+        machine = { cpus: 1.0, cpu_source: "taskset -c #{ctx.server_cpu}" }
+        @model_max ||= {}
+        max = @model_max[share] ||= Serval::Advice.recommend(window, machine: machine, load_points: [])[:max_rps_per_process]
+        again = Serval::Advice.recommend(window, machine: machine, load_points: [rate / max])
         unless again[:threads] == advice["threads"]
           ctx.log format("advice: cpu %.2f the window read after /advice gives %s threads (the advice %s); p99 at %.1f req/s " \
                          "is the model's at %s", share, again[:threads].inspect, advice["threads"].inspect, rate,
                          again[:threads].inspect)
         end
-        JSON.parse(JSON.generate(again[:load].first)).merge("model_threads" => again[:threads])
+        JSON.parse(JSON.generate(again[:load].first)).merge("model_threads" => again[:threads], "model_max_rps" => max)
       end
 
       def basis_note
