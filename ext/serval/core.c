@@ -65,6 +65,11 @@ static const rb_data_type_t core_type = {
     NULL, NULL, RUBY_TYPED_FREE_IMMEDIATELY,
 };
 
+int sv_core_inherited(sv_core *core)
+{
+    return ((sv_core_box *)core)->pid != getpid();
+}
+
 sv_core *sv_core_get(VALUE self)
 {
     sv_core_box **slot;
@@ -259,6 +264,7 @@ typedef struct {
     double deadline;
     int interrupted;
     sv_conn *got;
+    sv_waiter *waiter;   /* while asleep (for wait_ubf); set and cleared under core->mu */
 } wait_args;
 
 static int nothing_more(sv_core *core)
@@ -266,6 +272,8 @@ static int nothing_more(sv_core *core)
     return core->stopping || (core->draining && atomic_load(&core->partial) == 0);
 }
 
+/* Takes the next request; the calling thread counts as running from here
+ * until its next Core#next (or Core#done) names the request (wake.c). */
 static sv_conn *pop_locked(sv_core *core)
 {
     sv_conn *c = core->q_head;
@@ -275,12 +283,17 @@ static sv_conn *pop_locked(sv_core *core)
             core->q_tail = NULL;
         c->next = NULL;
         core->queued--;
+        double now = sv_now();
+        sv_wake_taken(core, now);
         if (core->opt.max_queue_time > 0) /* load shedding measures the queue (shed.h) */
-            sv_shed_taken(&core->shed, sv_now(), c->queued_at, c->q_ahead);
+            sv_shed_taken(&core->shed, now, c->queued_at, c->q_ahead);
     }
     return c;
 }
 
+/* Sleeps on its own condition variable (wake.c) until a request is queued
+ * for it, the deadline passes, the core stops or Ruby interrupts it. A
+ * thread woken for a request another thread took first sleeps again. */
 static void *wait_nogvl(void *p)
 {
     wait_args *a = p;
@@ -288,6 +301,13 @@ static void *wait_nogvl(void *p)
     struct timespec ts;
     ts.tv_sec = (time_t)a->deadline;
     ts.tv_nsec = (long)((a->deadline - (double)ts.tv_sec) * 1e9);
+    sv_waiter w;
+    memset(&w, 0, sizeof(w));
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w.cv, &ca);
+    pthread_condattr_destroy(&ca);
     pthread_mutex_lock(&core->mu);
     core->waiting++;
     if (core->balance_paused && !atomic_load(&core->balance_hold) &&
@@ -295,13 +315,25 @@ static void *wait_nogvl(void *p)
         core->balance_paused = 0; /* only on the transition: one wake per pause */
         sv_core_wake(core);
     }
+    a->waiter = &w;
     while (!core->q_head && !a->interrupted && !nothing_more(core)) {
-        if (pthread_cond_timedwait(&core->cv, &core->mu, &ts) == ETIMEDOUT)
+        if (w.woken) { /* woken, but the request went to a running thread */
+            w.woken = 0;
+            core->waking--;
+        }
+        if (!w.listed)
+            sv_waiter_push(core, &w);
+        if (pthread_cond_timedwait(&w.cv, &core->mu, &ts) == ETIMEDOUT)
             break;
     }
+    a->waiter = NULL;
+    sv_waiter_remove(core, &w);
+    if (w.woken)
+        core->waking--;
     core->waiting--;
     a->got = pop_locked(core);
     pthread_mutex_unlock(&core->mu);
+    pthread_cond_destroy(&w.cv);
     return NULL;
 }
 
@@ -310,15 +342,29 @@ static void wait_ubf(void *p)
     wait_args *a = p;
     pthread_mutex_lock(&a->core->mu);
     a->interrupted = 1;
-    pthread_cond_broadcast(&a->core->cv);
+    if (a->waiter)
+        pthread_cond_signal(&a->waiter->cv);
     pthread_mutex_unlock(&a->core->mu);
 }
 
-static VALUE core_next(VALUE self, VALUE timeout)
+/* The thread that ran `done` is back: it no longer counts as running.
+ * Called before taking core->mu (it may raise); returns the count to drop. */
+static int done_count(sv_core *core, VALUE done)
 {
+    return !NIL_P(done) && sv_request_release(done, core);
+}
+
+/* next(timeout, done = nil): done is the request this thread finished last,
+ * so it stops counting as a running thread (wake.c). */
+static VALUE core_next(int argc, VALUE *argv, VALUE self)
+{
+    VALUE timeout, done;
+    rb_scan_args(argc, argv, "11", &timeout, &done);
     sv_core *core = sv_core_get(self);
-    wait_args a = {core, 0, 0, NULL};
+    wait_args a = {core, 0, 0, NULL, NULL};
+    int back = done_count(core, done);
     pthread_mutex_lock(&core->mu);
+    core->running -= back;
     a.got = pop_locked(core); /* fast path: keep the GVL when work is waiting */
     pthread_mutex_unlock(&core->mu);
     if (!a.got) {
@@ -328,6 +374,19 @@ static VALUE core_next(VALUE self, VALUE timeout)
     if (!a.got)
         return Qnil;
     return sv_request_new(self, core, a.got);
+}
+
+/* done(request): the thread that ran it leaves the pool (or stops taking
+ * requests); see #next. */
+static VALUE core_done(VALUE self, VALUE done)
+{
+    sv_core *core = sv_core_get(self);
+    if (done_count(core, done)) {
+        pthread_mutex_lock(&core->mu);
+        core->running--;
+        pthread_mutex_unlock(&core->mu);
+    }
+    return Qnil;
 }
 
 /* ---- stopping ----------------------------------------------------------- */
@@ -343,7 +402,7 @@ static void *drain_nogvl(void *p)
     ts.tv_nsec = (long)((deadline - (double)ts.tv_sec) * 1e9);
     pthread_mutex_lock(&core->mu);
     core->draining = 1;
-    pthread_cond_broadcast(&core->cv);
+    sv_wake_all(core);
     pthread_mutex_unlock(&core->mu);
     sv_core_wake(core);
     pthread_mutex_lock(&core->mu);
@@ -489,7 +548,8 @@ void sv_init_core(VALUE mNative)
     rb_define_method(sv_cCore, "initialize", core_initialize, -1);
     rb_define_method(sv_cCore, "listen", core_listen, -1);
     rb_define_method(sv_cCore, "start", core_start, 0);
-    rb_define_method(sv_cCore, "next", core_next, 1);
+    rb_define_method(sv_cCore, "next", core_next, -1);
+    rb_define_method(sv_cCore, "done", core_done, 1);
     rb_define_method(sv_cCore, "drain", core_drain, 0);
     rb_define_method(sv_cCore, "shutdown", core_shutdown, -1);
     rb_define_method(sv_cCore, "stats", core_stats, 0);

@@ -33,6 +33,8 @@
 #define SV_REMOTE_MAX 64
 #define SV_DRAIN_ACK_SECONDS 1.0     /* Core#drain waits this long for the loop to stop accepting */
 #define SV_DRAIN_FRESH_SECONDS 0.5   /* balance: a drain's grace for a new connection's first request */
+#define SV_WAKE_STALL 0.0002         /* seconds: a queued request waits for a running thread at most this
+                                      * long before a sleeping one is woken for it (wake.c) */
 
 enum { SV_KIND_LISTENER = 1, SV_KIND_CONN = 2, SV_KIND_WAKE = 3 };
 enum { SV_OWN_LOOP = 0, SV_OWN_RUBY = 1, SV_OWN_DEAD = 2 };
@@ -62,6 +64,14 @@ typedef struct sv_listener {
 } sv_listener;
 
 typedef struct sv_core sv_core;
+
+/* A Ruby thread asleep in Core#next, on that thread's stack (wake.c). */
+typedef struct sv_waiter {
+    pthread_cond_t cv;
+    struct sv_waiter *prev, *next;
+    int listed;                  /* in core->idle */
+    int woken;                   /* taken off core->idle by a wake-up, counted in core->waking */
+} sv_waiter;
 typedef struct sv_transport sv_transport;   /* transport.h: plain TCP or TLS */
 
 /* One error response the loop answered itself (errlog.c). */
@@ -180,6 +190,10 @@ struct sv_core {
     sv_conn *q_head, *q_tail;    /* ready queue */
     size_t queued;
     int waiting;                 /* Ruby threads blocked in Core#next */
+    sv_waiter *idle;             /* of those, the ones no wake-up was sent to, most recent first */
+    int waking;                  /* woken for a request, not yet back at the queue */
+    int running;                 /* Ruby threads between taking a request and their next Core#next */
+    double last_progress;        /* monotonic: a request was taken or a thread woken (wake.c) */
     sv_shed shed;                /* load shedding (opt.max_queue_time > 0) */
     _Atomic int balance_paused;  /* balance: listeners out of epoll until a thread waits */
     _Atomic int balance_hold;    /* balance: a sibling has GVL headroom, accept nothing (balance.c) */
@@ -227,6 +241,19 @@ void sv_errlog_push(sv_errlog *l, int status, const char *reason, const char *de
 size_t sv_errlog_take(sv_errlog *l, sv_err_event *out, size_t max, unsigned long *dropped, double deadline);
 void sv_errlog_wake(sv_errlog *l);
 void sv_errlog_stats(sv_errlog *l, size_t *queued, unsigned long *dropped, unsigned long *total);
+
+/* wake.c: waking Ruby threads for queued requests; all with core->mu held */
+void sv_waiter_push(sv_core *core, sv_waiter *w);
+void sv_waiter_remove(sv_core *core, sv_waiter *w);
+/* Every waiting thread re-checks its wait (draining, stopping, interrupts); core->cv too. */
+void sv_wake_all(sv_core *core);
+/* A request joined the queue: wake a sleeping thread unless one is on its way. */
+void sv_wake_dispatched(sv_core *core, double now);
+/* A Ruby thread took a request. */
+void sv_wake_taken(sv_core *core, double now);
+/* Loop: wake threads for requests nobody took for SV_WAKE_STALL; returns the
+ * seconds until the next check is due, or -1 when none is needed. */
+double sv_wake_check(sv_core *core, double now);
 
 /* buffer.c too: the monotonic clock in seconds */
 double sv_now(void);
