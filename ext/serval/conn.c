@@ -213,12 +213,19 @@ void sv_conn_give_to_loop_dead(sv_conn *c)
 
 /* Ruby side: publish the connection to the loop, its state and deadline set
  * (sv_conn_after_flush): armed for `events`, or with none on the return
- * list, for the loop to parse a pipelined request. The store and the re-arm
- * happen under the core mutex so the loop's timeout scan never sees a
- * loop-owned connection that is not armed yet. */
+ * list, for the loop to parse a pipelined request. The registration is
+ * re-armed while the thread still owns the connection, outside the core
+ * mutex (a system call there made the loop, woken by it, wait for the
+ * mutex): an event in between finds the connection Ruby's and is noted in
+ * c->missed (loop.c conn_event), and the connection then goes to the return
+ * list for the loop to handle that event. The owner store happens under the
+ * mutex, so the loop's timeout scan never sees a loop-owned connection that
+ * is not armed yet, and the connection is not touched after it. */
 static void hand_to_loop(sv_conn *c, uint32_t events)
 {
     sv_core *core = c->core;
+    if (events && !atomic_load(&core->stopping))
+        sv_loop_arm(c, events);
     pthread_mutex_lock(&core->mu);
     if (core->stopping) {
         pthread_mutex_unlock(&core->mu);
@@ -226,14 +233,13 @@ static void hand_to_loop(sv_conn *c, uint32_t events)
         return;
     }
     atomic_store(&c->owner, SV_OWN_LOOP);
-    if (events) {
-        sv_loop_arm(c, events);
-    } else {
+    int to_list = !events || c->missed;
+    if (to_list) {
         c->next = core->returned;
         core->returned = c;
     }
     pthread_mutex_unlock(&core->mu);
-    if (!events)
+    if (to_list)
         sv_core_wake(core);
 }
 

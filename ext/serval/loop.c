@@ -633,9 +633,27 @@ static void linger_read(sv_conn *c)
     }
 }
 
+/* An event for a connection a Ruby thread owns can only come from the
+ * thread's re-arm just before it hands the connection back (conn.c
+ * hand_to_loop): noted, under the mutex the hand-over takes, so that either
+ * the thread sees it and returns the connection through the return list
+ * (handle_wake runs the event then) or the loop already owns it here. */
+static int conn_owned(sv_conn *c)
+{
+    if (atomic_load(&c->owner) == SV_OWN_LOOP)
+        return 1;
+    sv_core *core = c->core;
+    pthread_mutex_lock(&core->mu);
+    int owner = atomic_load(&c->owner);
+    if (owner == SV_OWN_RUBY)
+        c->missed = 1;
+    pthread_mutex_unlock(&core->mu);
+    return owner == SV_OWN_LOOP;
+}
+
 static void conn_event(sv_conn *c, uint32_t events)
 {
-    if (atomic_load(&c->owner) != SV_OWN_LOOP)
+    if (!conn_owned(c))
         return;
     switch (c->state) {
     case SV_ST_HEAD: read_head(c); break;
@@ -670,8 +688,12 @@ static void handle_wake(sv_core *core)
     }
     while (ret) {
         sv_conn *n = ret->next;
+        int missed = ret->missed; /* returned by hand_to_loop: no thread touches it now */
+        ret->missed = 0;
         if (core->draining)
             conn_destroy(ret);
+        else if (missed)
+            conn_event(ret, 0); /* the event that came while its thread re-armed it */
         else
             sv_loop_process_input(ret);
         ret = n;

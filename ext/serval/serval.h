@@ -99,6 +99,7 @@ typedef struct sv_conn {
     int fd;
     _Atomic int owner;
     int state;
+    int missed;                  /* an event came while a Ruby thread re-armed it (under core->mu) */
     sv_core *core;
     struct sv_conn *next;        /* ready queue / return list / dead list link */
     uint32_t slot;               /* index in core->conns */
