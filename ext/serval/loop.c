@@ -20,6 +20,9 @@
 #include "serval.h"
 #include "transport.h"
 
+/* An edge-triggered connection (plain TCP) is registered for both directions, once. */
+#define SV_ET_EVENTS (EPOLLIN | EPOLLOUT | EPOLLET)
+
 /* The loop's own answers always carry a phrase. */
 static const char *status_reason(int status)
 {
@@ -190,9 +193,13 @@ static void do_accept(sv_core *core, sv_listener *l)
         atomic_fetch_add(&core->accepted, 1);
         if (core->opt.balance)
             set_partial(c, 1); /* a drain waits for its first request (conn_expired) */
+        /* Plain TCP is registered once, edge-triggered: no epoll_ctl per
+         * request (sv_loop_arm). TLS keeps EPOLLONESHOT: OpenSSL may hold
+         * decrypted input no socket event announces (tls.c tls_events). */
+        c->et = c->io == &sv_plain_transport;
         struct epoll_event ev;
         memset(&ev, 0, sizeof(ev));
-        ev.events = EPOLLIN | EPOLLONESHOT;
+        ev.events = c->et ? SV_ET_EVENTS : EPOLLIN | EPOLLONESHOT;
         ev.data.ptr = c;
         if (epoll_ctl(core->epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
             conn_destroy(c);
@@ -315,6 +322,19 @@ void sv_loop_arm(sv_conn *c, uint32_t events)
 {
     struct epoll_event ev;
     memset(&ev, 0, sizeof(ev));
+    if (c->et) {
+        /* Registered for both directions: the next edge comes by itself
+         * (EPOLLOUT after a write that would block, EPOLLIN with new input).
+         * Input already waiting has no edge left: renewing the registration
+         * reports it once more. */
+        if (!((events & EPOLLIN) && c->rd_more))
+            return;
+        c->rd_more = 0;
+        ev.events = SV_ET_EVENTS;
+        ev.data.ptr = c;
+        epoll_ctl(c->core->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+        return;
+    }
     ev.events = c->io->events(c, events) | EPOLLONESHOT;
     ev.data.ptr = c;
     epoll_ctl(c->core->epfd, EPOLL_CTL_MOD, c->fd, &ev);
@@ -522,6 +542,7 @@ static int read_into(sv_conn *c, char *p, size_t n)
 {
     for (;;) {
         ssize_t got = c->io->read(c, p, n);
+        c->rd_more = got == (ssize_t)n; /* a short read emptied the socket: more input brings an edge */
         if (got > 0)
             return (int)got;
         if (got < 0 && errno == EINTR)
@@ -633,8 +654,9 @@ static void linger_read(sv_conn *c)
     }
 }
 
-/* An event for a connection a Ruby thread owns can only come from the
- * thread's re-arm just before it hands the connection back (conn.c
+/* An event for a connection a Ruby thread owns (input or a close while the
+ * app runs, on an edge-triggered connection; on a one-shot one only from
+ * the thread's re-arm just before it hands the connection back, conn.c
  * hand_to_loop): noted, under the mutex the hand-over takes, so that either
  * the thread sees it and returns the connection through the return list
  * (handle_wake runs the event then) or the loop already owns it here. */
@@ -655,6 +677,8 @@ static void conn_event(sv_conn *c, uint32_t events)
 {
     if (!conn_owned(c))
         return;
+    if (c->state == SV_ST_WRITE && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP)))
+        c->rd_more = 1; /* not read now: the edge is spent, the response's end must look */
     switch (c->state) {
     case SV_ST_HEAD: read_head(c); break;
     case SV_ST_BODY: read_body(c); break;
@@ -690,12 +714,16 @@ static void handle_wake(sv_core *core)
         sv_conn *n = ret->next;
         int missed = ret->missed; /* returned by hand_to_loop: no thread touches it now */
         ret->missed = 0;
-        if (core->draining)
+        int parse = ret->state == SV_ST_HEAD && ret->in.len > 0; /* a pipelined head is buffered */
+        if (core->draining) {
             conn_destroy(ret);
-        else if (missed)
-            conn_event(ret, 0); /* the event that came while its thread re-armed it */
-        else
+        } else if (missed && !parse) {
+            conn_event(ret, EPOLLIN); /* the event that came while a thread owned it */
+        } else {
+            if (missed)
+                ret->rd_more = 1; /* input came too: read once the buffered requests are done */
             sv_loop_process_input(ret);
+        }
         ret = n;
     }
 }

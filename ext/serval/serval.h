@@ -99,7 +99,10 @@ typedef struct sv_conn {
     int fd;
     _Atomic int owner;
     int state;
-    int missed;                  /* an event came while a Ruby thread re-armed it (under core->mu) */
+    int missed;                  /* an event came while a Ruby thread owned it (under core->mu) */
+    int et;                      /* registered once, edge-triggered (plain TCP); else EPOLLONESHOT, re-armed */
+    int rd_more;                 /* edge-triggered: the socket may hold input no event will announce
+                                  * (a read filled the buffer, or readiness came in a state that does not read) */
     sv_core *core;
     struct sv_conn *next;        /* ready queue / return list / dead list link */
     uint32_t slot;               /* index in core->conns */
@@ -268,7 +271,9 @@ void sv_core_destroy(sv_core *core);
 /* Loop thread only: parse what is buffered and dispatch. */
 void sv_loop_process_input(sv_conn *c);
 /* The owner (either side): wait on the loop's epoll for `events` (as the
- * connection's transport translates them), once (EPOLLONESHOT). */
+ * connection's transport translates them), once (EPOLLONESHOT); for an
+ * edge-triggered connection nothing, unless input may be waiting unannounced
+ * (c->rd_more): then the registration is renewed, which reports it again. */
 void sv_loop_arm(sv_conn *c, uint32_t events);
 
 /* conn.c: used by both sides */
