@@ -444,7 +444,7 @@ static VALUE core_stats(VALUE self)
 {
     sv_core *core = sv_core_get(self);
     pthread_mutex_lock(&core->mu);
-    long queued = (long)core->queued, waiting = core->waiting;
+    long queued = (long)core->queued, waiting = core->waiting, running = core->running, waking = core->waking;
     int draining = core->draining, stopping = core->stopping;
     double estimate = sv_shed_predict(&core->shed, sv_now(), queued >= waiting ? queued - waiting : -1,
                                       core->q_head ? core->q_head->queued_at : -1);
@@ -453,6 +453,8 @@ static VALUE core_stats(VALUE self)
     rb_hash_aset(h, ID2SYM(rb_intern("connections")), LONG2NUM(atomic_load(&core->open)));
     rb_hash_aset(h, ID2SYM(rb_intern("queued")), LONG2NUM(queued));
     rb_hash_aset(h, ID2SYM(rb_intern("waiting")), LONG2NUM(waiting));
+    rb_hash_aset(h, ID2SYM(rb_intern("running")), LONG2NUM(running)); /* wake.c */
+    rb_hash_aset(h, ID2SYM(rb_intern("waking")), LONG2NUM(waking));
     rb_hash_aset(h, ID2SYM(rb_intern("accepted")), ULONG2NUM(atomic_load(&core->accepted)));
     rb_hash_aset(h, ID2SYM(rb_intern("evicted")), ULONG2NUM(atomic_load(&core->evicted)));
     rb_hash_aset(h, ID2SYM(rb_intern("requests")), ULONG2NUM(atomic_load(&core->requests)));

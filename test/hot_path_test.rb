@@ -1,0 +1,156 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "support/raw_http"
+
+# The hand-offs of a request's hot path (docs/DESIGN.md "A request's path"):
+# a sleeping thread is woken for a request only when no running thread will
+# take it (ext/serval/wake.c), and a plain connection stays registered,
+# edge-triggered, so input or a close that arrives while the app runs is
+# noted and handled once the response is done (ext/serval/loop.c).
+class HotPathTest < Minitest::Test
+  include Serval::TestHelpers::RawHTTP
+
+  H = "Host: example.test\r\n"
+
+  # /block* report to `started` and wait for a token from `release`; every
+  # path answers "PATH on THREAD".
+  def gate_app(started, release)
+    lambda do |env|
+      path = env["PATH_INFO"]
+      if path.start_with?("/block")
+        started << path
+        release.pop
+      end
+      [200, { "content-type" => "text/plain" }, ["#{path} on #{Thread.current.name}"]]
+    end
+  end
+
+  def get(path, extra = "")
+    "GET #{path} HTTP/1.1\r\n#{H}#{extra}\r\n"
+  end
+
+  def now
+    Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  end
+
+  def core_stats_until(server, timeout: 10)
+    deadline = now + timeout
+    loop do
+      s = server.core.stats
+      return s if yield(s) || now > deadline
+
+      sleep 0.01
+    end
+  end
+
+  # The running thread is blocked in the app (without the GVL) and takes no
+  # more requests: the ones queued meanwhile go to the sleeping thread.
+  def test_requests_behind_a_blocked_thread_go_to_the_sleeping_one
+    started = Queue.new
+    release = Queue.new
+    with_server(gate_app(started, release), min_threads: 2, max_threads: 2) do |_server, port|
+      blocked = Client.new(port).write(get("/block"))
+      assert_equal "/block", started.pop
+      blocker = nil
+      3.times do |i|
+        client = Client.new(port).write(get("/fast#{i}", "Connection: close\r\n"))
+        body = client.read_response.body
+        assert_match(%r{\A/fast#{i} on serval-worker-\d+\z}, body)
+        blocker = body[/serval-worker-\d+/]
+        client.close
+      end
+      release << :go
+      body = blocked.read_response.body
+      refute_equal blocker, body[/serval-worker-\d+/], "served by the other thread"
+      blocked.close
+    end
+  end
+
+  # Once the traffic stops, every thread is back in Core#next: the counts
+  # the wake-up decisions rest on return to zero (a leak would delay them).
+  def test_running_and_waking_counts_return_to_zero
+    app = ->(env) { [200, { "content-type" => "text/plain" }, [env["PATH_INFO"]]] }
+    with_server(app, min_threads: 4, max_threads: 4) do |server, port|
+      clients = Array.new(6) { Client.new(port) }
+      25.times do |i|
+        clients.each { |c| c.write(get("/r#{i}")) }
+        clients.each { |c| assert_equal "/r#{i}", c.read_response.body }
+      end
+      clients.each(&:close)
+      s = core_stats_until(server) { |st| st[:running].zero? && st[:waiting] == 4 }
+      assert_equal [0, 0, 0, 4], s.values_at(:running, :waking, :queued, :waiting)
+    end
+  end
+
+  # A request written while the app runs on the same connection (its edge
+  # comes while a Ruby thread owns the connection) is answered next.
+  def test_request_sent_while_the_app_runs_is_answered_after_it
+    started = Queue.new
+    release = Queue.new
+    with_server(gate_app(started, release), min_threads: 1, max_threads: 1) do |_server, port|
+      client = Client.new(port).write(get("/block1"))
+      assert_equal "/block1", started.pop
+      client.write(get("/second"))
+      release << :go
+      assert_match(%r{\A/block1 on }, client.read_response.body)
+      assert_match(%r{\A/second on }, client.read_response.body)
+      assert client.silent_for?(0.1), "exactly two responses"
+      client.close
+    end
+  end
+
+  # Half a head arrives while the app runs, the rest after the response:
+  # the connection reads both parts.
+  def test_head_split_around_a_response_is_read_whole
+    started = Queue.new
+    release = Queue.new
+    with_server(gate_app(started, release), min_threads: 1, max_threads: 1) do |_server, port|
+      client = Client.new(port).write(get("/block1"))
+      assert_equal "/block1", started.pop
+      client.write("GET /sec")
+      release << :go
+      assert_match(%r{\A/block1 on }, client.read_response.body)
+      client.write("ond HTTP/1.1\r\n#{H}\r\n")
+      assert_match(%r{\A/second on }, client.read_response.body)
+      client.close
+    end
+  end
+
+  # More pipelined requests than one read takes (over 4 KiB) arrive while
+  # the app runs: every one is answered, in order.
+  def test_a_pipelined_burst_sent_while_the_app_runs_is_answered_in_order
+    started = Queue.new
+    release = Queue.new
+    with_server(gate_app(started, release), min_threads: 1, max_threads: 1) do |_server, port|
+      client = Client.new(port).write(get("/block1"))
+      assert_equal "/block1", started.pop
+      wire = (1..150).map { |i| get("/p#{i}", "X-Pad: #{'x' * 40}\r\n") }.join
+      assert_operator wire.bytesize, :>, 8192
+      client.write(wire)
+      release << :go
+      assert_match(%r{\A/block1 on }, client.read_response.body)
+      (1..150).each { |i| assert_match(%r{\A/p#{i} on }, client.read_response.body) }
+      assert client.silent_for?(0.1)
+      client.close
+    end
+  end
+
+  # The client leaves while its request runs: the response finds the close
+  # and the connection is gone afterwards.
+  def test_client_gone_while_the_app_runs_closes_the_connection
+    started = Queue.new
+    release = Queue.new
+    with_server(gate_app(started, release), min_threads: 1, max_threads: 1) do |server, port|
+      client = Client.new(port).write(get("/block1"))
+      assert_equal "/block1", started.pop
+      client.close
+      release << :go
+      s = core_stats_until(server) { |st| st[:connections].zero? }
+      assert_equal 0, s[:connections]
+      fresh = Client.new(port).write(get("/after", "Connection: close\r\n"))
+      assert_match(%r{\A/after on }, fresh.read_response.body)
+      fresh.close
+    end
+  end
+end
