@@ -115,8 +115,17 @@ size_t sv_conn_spill(sv_conn *c, const char *p, size_t n)
     return done;
 }
 
+/* Out of epoll before the close: a copy of the descriptor (a fork of the
+ * app's) would otherwise keep the registration, and its events, alive. */
+static void unregister(sv_conn *c)
+{
+    if (c->fd >= 0)
+        epoll_ctl(c->core->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+}
+
 void sv_conn_free(sv_conn *c)
 {
+    unregister(c);
     c->io->close(c);
     close_if_open(&c->body_fd);
     file_done(c);
@@ -202,6 +211,7 @@ sv_next sv_conn_after_flush(sv_conn *c, int r, uint32_t *events)
 void sv_conn_give_to_loop_dead(sv_conn *c)
 {
     sv_core *core = c->core;
+    unregister(c);
     c->io->close(c);
     pthread_mutex_lock(&core->mu);
     atomic_store(&c->owner, SV_OWN_DEAD);
@@ -232,11 +242,12 @@ static void hand_to_loop(sv_conn *c, uint32_t events)
         sv_conn_give_to_loop_dead(c);
         return;
     }
-    atomic_store(&c->owner, SV_OWN_LOOP);
     int to_list = !events || c->missed;
-    if (to_list) {
+    if (to_list) { /* stays Ruby's until the loop takes the list (loop.c take_lists) */
         c->next = core->returned;
         core->returned = c;
+    } else {
+        atomic_store(&c->owner, SV_OWN_LOOP);
     }
     pthread_mutex_unlock(&core->mu);
     if (to_list)

@@ -64,7 +64,11 @@ static void set_partial(sv_conn *c, int on)
     }
 }
 
-/* Loop only: close and free a connection the loop owns (or a dead one). */
+/* Loop only: close and free a connection the loop owns (or a dead one).
+ * It leaves the table at once; its memory is freed after the current round
+ * of events (bury), since a later event of the same epoll batch may still
+ * name it (an edge-triggered connection can have an event and a place on
+ * the return list in one round): such an event finds it dead. */
 static void conn_destroy(sv_conn *c)
 {
     sv_core *core = c->core;
@@ -76,7 +80,18 @@ static void conn_destroy(sv_conn *c)
         last->slot = slot;
     }
     atomic_fetch_sub(&core->open, 1);
-    sv_conn_free(c);
+    atomic_store(&c->owner, SV_OWN_DEAD);
+    c->next = core->graveyard;
+    core->graveyard = c;
+}
+
+static void bury(sv_core *core)
+{
+    while (core->graveyard) {
+        sv_conn *c = core->graveyard;
+        core->graveyard = c->next;
+        sv_conn_free(c);
+    }
 }
 
 /* ---- listeners ----------------------------------------------------------- */
@@ -690,12 +705,17 @@ static void conn_event(sv_conn *c, uint32_t events)
 
 /* ---- wake-ups, timeouts, draining -------------------------------------- */
 
+/* The returned connections become the loop's here (hand_to_loop leaves
+ * them Ruby's, so that an event before this notes c->missed instead of
+ * handling a connection that is on the list). */
 static void take_lists(sv_core *core, sv_conn **returned, sv_conn **dead)
 {
     pthread_mutex_lock(&core->mu);
     *returned = core->returned;
     *dead = core->dead;
     core->returned = core->dead = NULL;
+    for (sv_conn *c = *returned; c; c = c->next)
+        atomic_store(&c->owner, SV_OWN_LOOP);
     pthread_mutex_unlock(&core->mu);
 }
 
@@ -857,6 +877,7 @@ static void *loop_main(void *arg)
         }
         if (core->opt.balance && !draining && core->accepting >= 0)
             balance_listeners(core);
+        bury(core); /* no event of this round names them any more */
         if (loop_should_exit(core, now))
             break;
         timeout = core->next_scan - now;
@@ -872,6 +893,7 @@ static void *loop_main(void *arg)
         if (atomic_load(&c->owner) != SV_OWN_RUBY)
             conn_destroy(c);
     }
+    bury(core);
     return NULL;
 }
 

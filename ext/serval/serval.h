@@ -184,6 +184,7 @@ struct sv_core {
     int evict_wanted;            /* an accept found max_connections reached (loop only) */
 
     sv_conn **conns;             /* slot table, loop only */
+    sv_conn *graveyard;          /* loop only: destroyed in this round of events, freed after it */
     size_t nconns;
     size_t conns_cap;
     double next_scan;
