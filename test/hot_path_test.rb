@@ -4,10 +4,10 @@ require "test_helper"
 require "support/raw_http"
 
 # The hand-offs of a request's hot path (docs/DESIGN.md "A request's path"):
-# a sleeping thread is woken for a request only when no running thread will
-# take it (ext/serval/wake.c), and a plain connection stays registered,
-# edge-triggered, so input or a close that arrives while the app runs is
-# noted and handled once the response is done (ext/serval/loop.c).
+# a queued request wakes exactly one sleeping thread (ext/serval/wake.c), and
+# a plain connection stays registered, edge-triggered, so input or a close
+# that arrives while the app runs is noted and handled once the response is
+# done (ext/serval/loop.c).
 class HotPathTest < Minitest::Test
   include Serval::TestHelpers::RawHTTP
 
@@ -67,9 +67,9 @@ class HotPathTest < Minitest::Test
     end
   end
 
-  # Once the traffic stops, every thread is back in Core#next: the counts
-  # the wake-up decisions rest on return to zero (a leak would delay them).
-  def test_running_and_waking_counts_return_to_zero
+  # Once the traffic stops, every thread is back asleep in Core#next and none
+  # counts as woken (a woken count that leaked would hide a sleeping thread).
+  def test_every_thread_sleeps_again_once_traffic_stops
     app = ->(env) { [200, { "content-type" => "text/plain" }, [env["PATH_INFO"]]] }
     with_server(app, min_threads: 4, max_threads: 4) do |server, port|
       clients = Array.new(6) { Client.new(port) }
@@ -78,8 +78,8 @@ class HotPathTest < Minitest::Test
         clients.each { |c| assert_equal "/r#{i}", c.read_response.body }
       end
       clients.each(&:close)
-      s = core_stats_until(server) { |st| st[:running].zero? && st[:waiting] == 4 }
-      assert_equal [0, 0, 0, 4], s.values_at(:running, :waking, :queued, :waiting)
+      s = core_stats_until(server) { |st| st[:waking].zero? && st[:waiting] == 4 }
+      assert_equal [0, 0, 4], s.values_at(:waking, :queued, :waiting)
     end
   end
 

@@ -65,11 +65,6 @@ static const rb_data_type_t core_type = {
     NULL, NULL, RUBY_TYPED_FREE_IMMEDIATELY,
 };
 
-int sv_core_inherited(sv_core *core)
-{
-    return ((sv_core_box *)core)->pid != getpid();
-}
-
 sv_core *sv_core_get(VALUE self)
 {
     sv_core_box **slot;
@@ -272,8 +267,6 @@ static int nothing_more(sv_core *core)
     return core->stopping || (core->draining && atomic_load(&core->partial) == 0);
 }
 
-/* Takes the next request; the calling thread counts as running from here
- * until its next Core#next (or Core#done) names the request (wake.c). */
 static sv_conn *pop_locked(sv_core *core)
 {
     sv_conn *c = core->q_head;
@@ -283,10 +276,8 @@ static sv_conn *pop_locked(sv_core *core)
             core->q_tail = NULL;
         c->next = NULL;
         core->queued--;
-        double now = sv_now();
-        sv_wake_taken(core, now);
         if (core->opt.max_queue_time > 0) /* load shedding measures the queue (shed.h) */
-            sv_shed_taken(&core->shed, now, c->queued_at, c->q_ahead);
+            sv_shed_taken(&core->shed, sv_now(), c->queued_at, c->q_ahead);
     }
     return c;
 }
@@ -317,7 +308,7 @@ static void *wait_nogvl(void *p)
     }
     a->waiter = &w;
     while (!core->q_head && !a->interrupted && !nothing_more(core)) {
-        if (w.woken) { /* woken, but the request went to a running thread */
+        if (w.woken) { /* woken, but a thread in the fast path took the request */
             w.woken = 0;
             core->waking--;
         }
@@ -347,24 +338,11 @@ static void wait_ubf(void *p)
     pthread_mutex_unlock(&a->core->mu);
 }
 
-/* The thread that ran `done` is back: it no longer counts as running.
- * Called before taking core->mu (it may raise); returns the count to drop. */
-static int done_count(sv_core *core, VALUE done)
+static VALUE core_next(VALUE self, VALUE timeout)
 {
-    return !NIL_P(done) && sv_request_release(done, core);
-}
-
-/* next(timeout, done = nil): done is the request this thread finished last,
- * so it stops counting as a running thread (wake.c). */
-static VALUE core_next(int argc, VALUE *argv, VALUE self)
-{
-    VALUE timeout, done;
-    rb_scan_args(argc, argv, "11", &timeout, &done);
     sv_core *core = sv_core_get(self);
     wait_args a = {core, 0, 0, NULL, NULL};
-    int back = done_count(core, done);
     pthread_mutex_lock(&core->mu);
-    core->running -= back;
     a.got = pop_locked(core); /* fast path: keep the GVL when work is waiting */
     pthread_mutex_unlock(&core->mu);
     if (!a.got) {
@@ -374,19 +352,6 @@ static VALUE core_next(int argc, VALUE *argv, VALUE self)
     if (!a.got)
         return Qnil;
     return sv_request_new(self, core, a.got);
-}
-
-/* done(request): the thread that ran it leaves the pool (or stops taking
- * requests); see #next. */
-static VALUE core_done(VALUE self, VALUE done)
-{
-    sv_core *core = sv_core_get(self);
-    if (done_count(core, done)) {
-        pthread_mutex_lock(&core->mu);
-        core->running--;
-        pthread_mutex_unlock(&core->mu);
-    }
-    return Qnil;
 }
 
 /* ---- stopping ----------------------------------------------------------- */
@@ -444,7 +409,7 @@ static VALUE core_stats(VALUE self)
 {
     sv_core *core = sv_core_get(self);
     pthread_mutex_lock(&core->mu);
-    long queued = (long)core->queued, waiting = core->waiting, running = core->running, waking = core->waking;
+    long queued = (long)core->queued, waiting = core->waiting, waking = core->waking;
     int draining = core->draining, stopping = core->stopping;
     double estimate = sv_shed_predict(&core->shed, sv_now(), queued >= waiting ? queued - waiting : -1,
                                       core->q_head ? core->q_head->queued_at : -1);
@@ -453,8 +418,7 @@ static VALUE core_stats(VALUE self)
     rb_hash_aset(h, ID2SYM(rb_intern("connections")), LONG2NUM(atomic_load(&core->open)));
     rb_hash_aset(h, ID2SYM(rb_intern("queued")), LONG2NUM(queued));
     rb_hash_aset(h, ID2SYM(rb_intern("waiting")), LONG2NUM(waiting));
-    rb_hash_aset(h, ID2SYM(rb_intern("running")), LONG2NUM(running)); /* wake.c */
-    rb_hash_aset(h, ID2SYM(rb_intern("waking")), LONG2NUM(waking));
+    rb_hash_aset(h, ID2SYM(rb_intern("waking")), LONG2NUM(waking)); /* wake.c */
     rb_hash_aset(h, ID2SYM(rb_intern("accepted")), ULONG2NUM(atomic_load(&core->accepted)));
     rb_hash_aset(h, ID2SYM(rb_intern("evicted")), ULONG2NUM(atomic_load(&core->evicted)));
     rb_hash_aset(h, ID2SYM(rb_intern("requests")), ULONG2NUM(atomic_load(&core->requests)));
@@ -550,8 +514,7 @@ void sv_init_core(VALUE mNative)
     rb_define_method(sv_cCore, "initialize", core_initialize, -1);
     rb_define_method(sv_cCore, "listen", core_listen, -1);
     rb_define_method(sv_cCore, "start", core_start, 0);
-    rb_define_method(sv_cCore, "next", core_next, -1);
-    rb_define_method(sv_cCore, "done", core_done, 1);
+    rb_define_method(sv_cCore, "next", core_next, 1);
     rb_define_method(sv_cCore, "drain", core_drain, 0);
     rb_define_method(sv_cCore, "shutdown", core_shutdown, -1);
     rb_define_method(sv_cCore, "stats", core_stats, 0);

@@ -6,7 +6,6 @@ abort "serval needs Linux (epoll)" unless have_header("sys/epoll.h")
 have_header("sys/eventfd.h") or abort "serval needs sys/eventfd.h"
 have_header("sys/sendfile.h") or abort "serval needs sys/sendfile.h"
 have_func("accept4", "sys/socket.h")
-have_func("epoll_pwait2", "sys/epoll.h") # glibc 2.35+: the loop waits to the microsecond (loop.c)
 have_library("pthread")
 # TLS (tls.c) when OpenSSL's headers and libraries are present; without them
 # the build succeeds and an ssl:// bind fails at boot with a clear message.

@@ -405,7 +405,7 @@ static void dispatch(sv_conn *c)
     if (none_partial && core->draining)
         sv_wake_all(core); /* one takes the request, the others may leave */
     else
-        sv_wake_dispatched(core, c->queued_at); /* unless a running thread takes it (wake.c) */
+        sv_wake_dispatched(core); /* one sleeping thread, if any (wake.c) */
     pthread_mutex_unlock(&core->mu);
 }
 
@@ -809,38 +809,14 @@ static int loop_should_exit(sv_core *core, double now)
     return 1;
 }
 
-/* epoll_wait for at most `seconds`: to the microsecond where the kernel
- * and libc have epoll_pwait2 (the wake-up check of wake.c is due in less
- * than a millisecond), else rounded up to whole milliseconds. */
-static int wait_events(sv_core *core, struct epoll_event *events, double seconds)
-{
-#ifdef HAVE_EPOLL_PWAIT2
-    static int no_pwait2;
-    if (!no_pwait2) {
-        struct timespec ts;
-        ts.tv_sec = (time_t)seconds;
-        ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
-        int n = epoll_pwait2(core->epfd, events, SV_EVENTS, &ts, NULL);
-        if (n >= 0 || errno != ENOSYS)
-            return n;
-        no_pwait2 = 1; /* kernel before 5.11 */
-    }
-#endif
-    int ms = (int)(seconds * 1000.0);
-    if ((double)ms < seconds * 1000.0)
-        ms++;
-    return epoll_wait(core->epfd, events, SV_EVENTS, ms);
-}
-
 static void *loop_main(void *arg)
 {
     sv_core *core = arg;
     struct epoll_event events[SV_EVENTS];
     listeners_register(core, 1);
     core->next_scan = sv_now() + SV_SCAN_INTERVAL_MS / 1000.0;
-    double timeout = SV_SCAN_INTERVAL_MS / 1000.0;
     for (;;) {
-        int n = wait_events(core, events, timeout);
+        int n = epoll_wait(core->epfd, events, SV_EVENTS, SV_SCAN_INTERVAL_MS);
         for (int i = 0; i < n; i++) {
             int kind = *(int *)events[i].data.ptr;
             if (kind == SV_KIND_LISTENER) {
@@ -852,10 +828,8 @@ static void *loop_main(void *arg)
                 conn_event(events[i].data.ptr, events[i].events);
             }
         }
-        double now = sv_now();
         pthread_mutex_lock(&core->mu);
         int draining = core->draining || core->stopping;
-        double wake_due = sv_wake_check(core, now); /* queued requests no thread took (wake.c) */
         pthread_mutex_unlock(&core->mu);
         if (draining && core->accepting >= 0) {
             listeners_register(core, 0);
@@ -865,6 +839,7 @@ static void *loop_main(void *arg)
             pthread_cond_broadcast(&core->cv);
             pthread_mutex_unlock(&core->mu);
         }
+        double now = sv_now();
         if (core->evict_wanted && !draining) {
             core->evict_wanted = 0;
             if (evict_slowest(core, now) > 0)
@@ -880,11 +855,6 @@ static void *loop_main(void *arg)
         bury(core); /* no event of this round names them any more */
         if (loop_should_exit(core, now))
             break;
-        timeout = core->next_scan - now;
-        if (timeout < 0)
-            timeout = 0;
-        if (wake_due >= 0 && wake_due < timeout)
-            timeout = wake_due;
     }
     /* close what the loop owns; Ruby-owned connections stay until their Request ends */
     handle_wake(core);

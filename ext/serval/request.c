@@ -22,7 +22,6 @@ typedef struct {
     sv_tm tm;           /* timing of an unsampled request: no allocation */
     sv_tm *tm_cur;      /* &tm, or the record inside tm_obj */
     VALUE tm_obj;       /* env["serval.timing"] of a sampled request, or Qnil */
-    int running;        /* its thread counts in core->running until Core#next/#done names it (wake.c) */
 } sv_req;
 
 static void req_mark(void *p)
@@ -36,11 +35,6 @@ static void req_free(void *p)
     sv_req *r = p;
     if (r->conn) /* abandoned without finish: close it */
         sv_conn_give_to_loop_dead(r->conn);
-    if (r->running && r->core && !sv_core_inherited(r->core)) { /* never named back to the core */
-        pthread_mutex_lock(&r->core->mu);
-        r->core->running--;
-        pthread_mutex_unlock(&r->core->mu);
-    }
     if (r->core)
         sv_core_unref(r->core);
     xfree(r);
@@ -61,19 +55,7 @@ VALUE sv_request_new(VALUE core_obj, sv_core *core, sv_conn *conn)
     sv_core_ref(core);
     r->conn = conn;
     r->tm_obj = Qnil;
-    r->running = 1;
     return obj;
-}
-
-int sv_request_release(VALUE req, sv_core *core)
-{
-    if (!rb_typeddata_is_kind_of(req, &req_type))
-        rb_raise(rb_eTypeError, "not a Serval::Native::Request");
-    sv_req *r = DATA_PTR(req);
-    if (!r->running || r->core != core)
-        return 0;
-    r->running = 0;
-    return 1;
 }
 
 static sv_req *get(VALUE self)

@@ -33,8 +33,6 @@
 #define SV_REMOTE_MAX 64
 #define SV_DRAIN_ACK_SECONDS 1.0     /* Core#drain waits this long for the loop to stop accepting */
 #define SV_DRAIN_FRESH_SECONDS 0.5   /* balance: a drain's grace for a new connection's first request */
-#define SV_WAKE_STALL 0.0002         /* seconds: a queued request waits for a running thread at most this
-                                      * long before a sleeping one is woken for it (wake.c) */
 
 enum { SV_KIND_LISTENER = 1, SV_KIND_CONN = 2, SV_KIND_WAKE = 3 };
 enum { SV_OWN_LOOP = 0, SV_OWN_RUBY = 1, SV_OWN_DEAD = 2 };
@@ -197,8 +195,6 @@ struct sv_core {
     int waiting;                 /* Ruby threads blocked in Core#next */
     sv_waiter *idle;             /* of those, the ones no wake-up was sent to, most recent first */
     int waking;                  /* woken for a request, not yet back at the queue */
-    int running;                 /* Ruby threads between taking a request and their next Core#next */
-    double last_progress;        /* monotonic: a request was taken or a thread woken (wake.c) */
     sv_shed shed;                /* load shedding (opt.max_queue_time > 0) */
     _Atomic int balance_paused;  /* balance: listeners out of epoll until a thread waits */
     _Atomic int balance_hold;    /* balance: a sibling has GVL headroom, accept nothing (balance.c) */
@@ -252,13 +248,8 @@ void sv_waiter_push(sv_core *core, sv_waiter *w);
 void sv_waiter_remove(sv_core *core, sv_waiter *w);
 /* Every waiting thread re-checks its wait (draining, stopping, interrupts); core->cv too. */
 void sv_wake_all(sv_core *core);
-/* A request joined the queue: wake a sleeping thread unless one is on its way. */
-void sv_wake_dispatched(sv_core *core, double now);
-/* A Ruby thread took a request. */
-void sv_wake_taken(sv_core *core, double now);
-/* Loop: wake threads for requests nobody took for SV_WAKE_STALL; returns the
- * seconds until the next check is due, or -1 when none is needed. */
-double sv_wake_check(sv_core *core, double now);
+/* A request joined the queue: wake the most recent sleeping thread not woken yet. */
+void sv_wake_dispatched(sv_core *core);
 
 /* buffer.c too: the monotonic clock in seconds */
 double sv_now(void);

@@ -11,12 +11,6 @@ sv_core *sv_core_get(VALUE core_obj);
 void sv_core_ref(sv_core *core);
 void sv_core_unref(sv_core *core);
 VALUE sv_request_new(VALUE core_obj, sv_core *core, sv_conn *conn);
-/* Core#next/#done: the request's thread stops counting as running; 1 when it
- * counted for `core` (the caller then drops core->running under core->mu).
- * Raises TypeError for anything but a Request. */
-int sv_request_release(VALUE req, sv_core *core);
-/* The core was made by the process this one forked from. */
-int sv_core_inherited(sv_core *core);
 void sv_init_core(VALUE mNative);
 void sv_init_balance(void);
 void sv_init_request(VALUE mNative);

@@ -1,28 +1,20 @@
 /*
- * Which Ruby thread to wake for a queued request, and when.
+ * Waking Ruby threads for queued requests.
  *
- * Only one Ruby thread runs Ruby code at a time (the GVL), so waking a
- * second thread while a first one is running requests buys nothing when the
- * requests are short: the woken thread takes the request, then waits for the
- * GVL, and the two trade it (futex calls and context switches) while the
- * first one would have taken the request itself a few microseconds later, in
- * Core#next's fast path. So a sleeping thread is woken for a new request only
- * when no thread is on its way to the queue: none running a request (from
- * Core#next's return to its next call, core.c) or already woken, or none that
- * made progress (took a request or was woken) within SV_WAKE_STALL.
+ * Each Ruby thread asleep in Core#next waits on its own condition variable
+ * (sv_waiter, on the waiting thread's stack), listed most recent first. A
+ * request that joins the ready queue wakes the thread at the head of that
+ * list, so a wake-up reaches exactly one thread that is asleep and not woken
+ * yet (never one already on its way, as a signal on one shared condition
+ * variable could), and the thread whose memory is warm is the one reused;
+ * `waking` counts the threads woken and not yet back at the queue. A thread
+ * woken for a request another thread took first (Core#next's fast path)
+ * lists itself again and sleeps on.
  *
- * A running thread that blocks (I/O without the GVL, a long computation)
- * stops taking requests: once nothing was taken for SV_WAKE_STALL while
- * requests wait, the loop wakes sleeping threads for them (sv_wake_check,
- * called after every epoll batch; the loop's epoll timeout is set to the
- * moment the check is due). A queued request therefore waits for a thread
- * that is free at most SV_WAKE_STALL longer than before.
- *
- * Sleeping threads wait on their own condition variable, most recent first
- * (sv_waiter, on the waiting thread's stack), so a wake-up goes to exactly
- * one thread, the one whose memory is warm, and `waking` counts the threads
- * woken and not yet back at the queue exactly. Everything here runs with
- * core->mu held.
+ * Waking a thread only when no running thread would take the request soon
+ * was measured and dropped: it halved the futex calls but woke the loop
+ * more often and cost more CPU per hello request (docs/performance.md "Hot
+ * path"). Everything here runs with core->mu held.
  */
 #include "serval.h"
 
@@ -50,19 +42,6 @@ void sv_waiter_remove(sv_core *core, sv_waiter *w)
     w->listed = 0;
 }
 
-static int wake_one(sv_core *core, double now)
-{
-    sv_waiter *w = core->idle;
-    if (!w)
-        return 0;
-    sv_waiter_remove(core, w);
-    w->woken = 1;
-    core->waking++;
-    core->last_progress = now;
-    pthread_cond_signal(&w->cv);
-    return 1;
-}
-
 void sv_wake_all(sv_core *core)
 {
     for (sv_waiter *w = core->idle; w; w = w->next)
@@ -70,34 +49,13 @@ void sv_wake_all(sv_core *core)
     pthread_cond_broadcast(&core->cv);
 }
 
-/* A thread is on its way to the queue and has moved recently. */
-static int covered(sv_core *core, double now)
+void sv_wake_dispatched(sv_core *core)
 {
-    return core->running + core->waking > 0 && now - core->last_progress < SV_WAKE_STALL;
-}
-
-void sv_wake_dispatched(sv_core *core, double now)
-{
-    if (!covered(core, now))
-        wake_one(core, now);
-}
-
-void sv_wake_taken(sv_core *core, double now)
-{
-    core->running++;
-    core->last_progress = now;
-}
-
-double sv_wake_check(sv_core *core, double now)
-{
-    if (!core->q_head || !core->idle)
-        return -1;
-    double due = core->last_progress + SV_WAKE_STALL;
-    if (core->running + core->waking > 0 && now < due)
-        return due - now;
-    /* stalled (or nobody on the way): a thread for every request no woken thread will take */
-    long want = (long)core->queued - (long)core->waking;
-    for (long i = 0; i < want && wake_one(core, now); i++)
-        ;
-    return core->idle ? SV_WAKE_STALL : -1;
+    sv_waiter *w = core->idle;
+    if (!w)
+        return; /* every thread is busy or already woken: one of them takes it */
+    sv_waiter_remove(core, w);
+    w->woken = 1;
+    core->waking++;
+    pthread_cond_signal(&w->cv);
 }

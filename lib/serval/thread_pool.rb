@@ -124,16 +124,11 @@ module Serval
       @threads << thread
     end
 
-    # Each Core#next names the request this thread finished before, so the
-    # core knows the thread is back for more (it wakes a sleeping thread for
-    # a new request only when no running one is about to take it:
-    # ext/serval/wake.c); a thread that leaves says so with Core#done.
     def work
       Fairness.apply(Thread.current) # docs/tuning.md "Fairness"; Server#run set this process's slice
-      request = nil
       loop do
         wait = @threads.size > @max ? [LANE_WAIT, @idle_timeout].min : @idle_timeout
-        request = @core.next(wait, request)
+        request = @core.next(wait)
         if request.nil?
           break if @stopping || leave_when_idle?(wait)
 
@@ -149,7 +144,6 @@ module Serval
         break if surplus?
       end
     ensure
-      @core.done(request) if request
       @mutex.synchronize { @threads.delete(Thread.current) }
     end
 
