@@ -228,9 +228,13 @@ void sv_conn_give_to_loop_dead(sv_conn *c)
  * mutex (a system call there made the loop, woken by it, wait for the
  * mutex): an event in between finds the connection Ruby's and is noted in
  * c->missed (loop.c conn_event), and the connection then goes to the return
- * list for the loop to handle that event. The owner store happens under the
- * mutex, so the loop's timeout scan never sees a loop-owned connection that
- * is not armed yet, and the connection is not touched after it. */
+ * list for the loop to handle that event. An edge-triggered connection is
+ * not re-armed (sv_loop_arm renews it only for input no edge will announce);
+ * its events while Ruby owns it are noted the same way. The owner store
+ * happens under the mutex, so the loop's timeout scan never sees a
+ * loop-owned connection that is not armed yet, and the connection is not
+ * touched after it; one put on the return list stays Ruby's until the loop
+ * takes the list. */
 static void hand_to_loop(sv_conn *c, uint32_t events)
 {
     sv_core *core = c->core;
