@@ -29,6 +29,7 @@ module Serval
       knee_fraction: 0.95,      # the knee: fewest threads reaching this share of the sweep's best req/s
       sweep_max: 16,            # thread counts simulated: 1..sweep_max
       sim_requests: 20_000,     # requests simulated per point
+      load_requests: 100_000,   # requests simulated per open-loop point (a p99 near capacity needs more)
       seed: 1,
       quantum: Simulation::QUANTUM,
       memory_headroom: 0.2,     # share of the memory budget left free

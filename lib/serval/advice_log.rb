@@ -15,7 +15,7 @@ module Serval
   # `servalctl advise` (CHECK_SETTINGS) to keep its CPU cost small: in
   # single mode it shares the GVL with the requests (docs/tuning.md).
   class AdviceLog
-    CHECK_SETTINGS = { sim_requests: 5000 }.freeze
+    CHECK_SETTINGS = { sim_requests: 5000, load_requests: 5000 }.freeze
     BOOT_WAIT = 86_400
 
     def self.wanted?(launcher)

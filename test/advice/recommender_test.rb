@@ -11,7 +11,7 @@ class AdviceRecommenderTest < Minitest::Test
   A = Serval::Advice
   MIB = 1 << 20
   MACHINE = { cpus: 2.0, cpu_source: "test", memory_bytes: 8 << 30, memory_source: "test", worker_bytes: 300 << 20 }.freeze
-  FAST = { sim_requests: 8000 }.freeze
+  FAST = { sim_requests: 8000, load_requests: 8000 }.freeze
 
   def self.exp(rng, mean) = -Math.log(1.0 - rng.rand) * mean
 
@@ -268,5 +268,21 @@ class AdviceRecommenderTest < Minitest::Test
     assert_raises(ArgumentError) { A.recommend(window([]), bogus: 1) }
     assert_raises(ArgumentError) { A.recommend(window(Array.new(200) { { wall: 0.01 } })) }
     assert_raises(ArgumentError) { A.recommend("not a window") }
+  end
+
+  # An M/M/1 queue has an exact open-loop answer: one thread, exponential
+  # CPU time of mean S and no I/O is one server, and at arrival rate L the
+  # time in the system is exponential with rate 1/S - L, so
+  # p99 = ln(100) / (1/S - L), S the window's mean run. The load points
+  # (100,000 requests played) are within 3 % of it at 50 % and 80 % load.
+  def test_load_point_p99_matches_an_m_m_1_queue
+    win = window(self.class.samples(0.010, 0.0, n: 4000, seed: 11).map { |s| s.merge(idle: 0.0, wall: s[:run]) },
+                 max_threads: 1)
+    a = A.recommend(win, machine: MACHINE, sweep_max: 2, load_requests: 100_000)
+    mean_run = a[:workload][:mean_run]
+    a[:load].each do |point|
+      exact = Math.log(100) / ((1 / mean_run) - point[:rate])
+      assert_in_delta exact, point[:latency_p99], 0.06 * exact, "p99 at #{point[:load]} load: #{point.inspect}"
+    end
   end
 end

@@ -17,7 +17,7 @@ class AdviceReportTest < Minitest::Test
   R = Serval::Advice::Report
 
   def advice(window, **opts)
-    JSON.parse(JSON.generate(Serval::Advice.recommend(window, machine: MACHINE, sim_requests: 4000, **opts)))
+    JSON.parse(JSON.generate(Serval::Advice.recommend(window, machine: MACHINE, sim_requests: 4000, load_requests: 4000, **opts)))
   end
 
   def full

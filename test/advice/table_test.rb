@@ -12,7 +12,7 @@ class AdviceTableTest < Minitest::Test
   T = Serval::Advice::Table
 
   def advice(n, **opts)
-    Serval::Advice.recommend(AdviceWindows.window(n, **opts.slice(:db_pools)), machine: MACHINE, sim_requests: 4000,
+    Serval::Advice.recommend(AdviceWindows.window(n, **opts.slice(:db_pools)), machine: MACHINE, sim_requests: 4000, load_requests: 4000,
                                                                               **opts.except(:db_pools))
   end
 

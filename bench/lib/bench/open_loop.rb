@@ -17,9 +17,11 @@ module Bench
   # seconds are sent but not counted.
   #
   #   ruby bench/lib/bench/open_loop.rb --url http://127.0.0.1:9292/work --rate 50 \
-  #        --duration 20 [--warmup 2] [--connections 64] [--seed 1]
+  #        --duration 20 [--warmup 2] [--connections 64] [--seed 1] [--latencies]
   # prints one JSON object: rate, sent, completed, errors, late (sent more
-  # than 10 ms after their time), p50_ms, p90_ms, p99_ms, max_ms, achieved_rps.
+  # than 10 ms after their time), p50_ms, p90_ms, p99_ms, max_ms, achieved_rps;
+  # with --latencies also latencies_ms, every counted 200's latency (sorted),
+  # so that several runs' samples can be pooled into one percentile.
   # Latencies and `completed` are those of 200 responses. A 503 (a server
   # shedding load) is not an error: it is counted in `shed`, with its own
   # shed_p50_ms, shed_p99_ms and shed_max_ms, and the connection is opened
@@ -28,7 +30,8 @@ module Bench
   # that falls behind answers the schedule's tail after `duration`, and
   # achieved_rps, counted over `duration`, would overstate it).
   class OpenLoop
-    def initialize(host:, port:, path:, rate:, duration:, warmup: 2.0, connections: 64, seed: 1, timeout: 30.0)
+    def initialize(host:, port:, path:, rate:, duration:, warmup: 2.0, connections: 64, seed: 1, timeout: 30.0,
+                   latencies: false)
       raise ArgumentError, "rate must be > 0" unless rate.positive?
 
       @host = host
@@ -38,6 +41,7 @@ module Bench
       @warmup = warmup
       @connections = connections
       @timeout = timeout
+      @keep = latencies
       rng = Random.new(seed)
       t = 0.0
       @schedule = []
@@ -70,12 +74,14 @@ module Bench
       lat.sort!
       shed.sort!
       counted = @schedule.count { |s| s >= @warmup }
-      { rate: @rate, duration: @duration, connections: @connections, sent: @schedule.size, counted: counted,
+      out = { rate: @rate, duration: @duration, connections: @connections, sent: @schedule.size, counted: counted,
         completed: lat.size, errors: errors, late: late, achieved_rps: (lat.size / @duration).round(2),
         p50_ms: ms(q(lat, 0.5)), p90_ms: ms(q(lat, 0.9)), p99_ms: ms(q(lat, 0.99)), max_ms: ms(lat.last),
         shed: shed.size, shed_p50_ms: ms(q(shed, 0.5)), shed_p99_ms: ms(q(shed, 0.99)), shed_max_ms: ms(shed.last),
         elapsed: (last - start - @warmup).round(3),
         goodput_rps: (lat.size / [last - start - @warmup, @duration].max).round(2) }
+      out[:latencies_ms] = lat.map { |l| (l * 1e3).round(2) } if @keep
+      out
     end
 
     private
@@ -161,10 +167,12 @@ if $PROGRAM_NAME == __FILE__
     op.on("--warmup S", Float) { |v| o[:warmup] = v }
     op.on("--connections N", Integer) { |v| o[:connections] = v }
     op.on("--seed N", Integer) { |v| o[:seed] = v }
+    op.on("--latencies") { o[:latencies] = true }
   end.parse!
   abort "usage: open_loop.rb --url URL --rate R --duration S" unless o[:url] && o[:rate] && o[:duration]
   m = o[:url].match(%r{\Ahttp://([^:/]+):(\d+)(/.*)?\z}) or abort "open_loop.rb: --url must be http://HOST:PORT/PATH"
   lg = Bench::OpenLoop.new(host: m[1], port: Integer(m[2]), path: m[3] || "/", rate: o[:rate], duration: o[:duration],
-                           warmup: o[:warmup], connections: o[:connections], seed: o[:seed])
+                           warmup: o[:warmup], connections: o[:connections], seed: o[:seed],
+                           latencies: o.fetch(:latencies, false))
   puts JSON.generate(lg.run)
 end

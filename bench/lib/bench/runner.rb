@@ -134,7 +134,8 @@ module Bench
           "threads" => @ctx.threads, "connections" => @ctx.connections,
           "server_cpu" => @ctx.pin? ? @ctx.server_cpu : nil, "client_cpu" => @ctx.pin? ? @ctx.client_cpu : nil
         },
-        "machine" => { "nproc" => Util.nproc, "cpu" => Util.cpu_model, "kernel" => kernel, "loadavg" => loadavg },
+        "machine" => { "nproc" => Util.nproc, "cpu" => Util.cpu_model, "kernel" => kernel, "loadavg" => loadavg,
+                       "autogroup" => autogroup }.compact,
         "versions" => { "ruby" => RUBY_DESCRIPTION, "wrk" => Wrk.version, "slowhttptest" => slowhttptest_version }.compact.merge(servers.to_h { |s| [s.name, s.version] }),
         "workloads" => []
       }
@@ -153,6 +154,15 @@ module Bench
       "unknown"
     end
 
+    # true when the scheduler groups processes by session: then `nice` ranks
+    # only within a session, and niced work started from another shell still
+    # takes its share of the benchmark's CPUs (docs/benchmarks.md, "Machine").
+    def autogroup
+      File.read("/proc/sys/kernel/sched_autogroup_enabled").strip == "1"
+    rescue SystemCallError
+      nil
+    end
+
     def kernel
       File.read("/proc/sys/kernel/osrelease").strip
     rescue SystemCallError
@@ -165,7 +175,8 @@ module Bench
       s = report["settings"]
       pin = s["server_cpu"] ? "server on CPU #{s['server_cpu']}, client on CPU #{s['client_cpu']}" : "not pinned"
       ["# #{report['command']}  (#{report['timestamp']})",
-       "# #{m['nproc']} x #{m['cpu']}, linux #{m['kernel']}, load #{m['loadavg']}; #{pin}",
+       "# #{m['nproc']} x #{m['cpu']}, linux #{m['kernel']}, load #{m['loadavg']}; #{pin}" +
+         (m["autogroup"] ? " (autogroup on: `nice` does not keep other sessions' work off these CPUs)" : ""),
        "# #{v['ruby']}; wrk #{v['wrk']}; " + @server_names.map { |n| "#{n} #{v[n]}" }.join("; "),
        "# threads #{s['threads']}:#{s['threads']}, wrk -t1 -c#{s['connections']} -d#{s['duration_s']}s " \
        "after #{s['warmup_s']}s warm-up, #{s['rounds']} round(s) alternating server order"].join("\n")

@@ -18,6 +18,11 @@ module Bench
         s.empty? ? nil : (s[(s.size - 1) / 2] + s[s.size / 2]) / 2.0
       end
 
+      # The p-quantile of a sorted list (nearest rank, as open_loop.rb); nil for none.
+      def percentile(sorted, p)
+        sorted.empty? ? nil : sorted[[(p * sorted.size).ceil - 1, 0].max]
+      end
+
       def now
         Process.clock_gettime(Process::CLOCK_MONOTONIC)
       end

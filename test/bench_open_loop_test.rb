@@ -1,0 +1,66 @@
+# frozen_string_literal: true
+
+# bench/lib/bench/open_loop.rb, the open-loop generator the advice, auto and
+# shed workloads measure p99 with: against a plain TCP responder (no Serval,
+# no timing), every scheduled request is answered and, with latencies: true,
+# each counted latency is returned, so runs can be pooled; Util.percentile
+# reads a pooled list the way the generator reads its own.
+require_relative "test_helper"
+require "socket"
+require_relative "../bench/lib/bench"
+require_relative "../bench/lib/bench/open_loop"
+
+class BenchOpenLoopTest < Minitest::Test
+  def setup
+    @server = TCPServer.new("127.0.0.1", 0)
+    @threads = []
+    @acceptor = Thread.new do
+      loop do
+        sock = @server.accept
+        @threads << Thread.new(sock) { |s| answer(s) }
+      end
+    rescue IOError
+      nil
+    end
+  end
+
+  def teardown
+    @server.close
+    @acceptor.join(5)
+    @threads.each { |t| t.kill.join(5) }
+  end
+
+  def answer(sock)
+    while (line = sock.gets("\r\n"))
+      next unless line == "\r\n"
+
+      sock.write("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+    end
+  rescue IOError, SystemCallError
+    nil
+  ensure
+    sock.close
+  end
+
+  def run_open_loop(**opts)
+    Bench::OpenLoop.new(host: "127.0.0.1", port: @server.addr[1], path: "/", rate: 200, duration: 0.5, warmup: 0.1,
+                        connections: 4, seed: 3, **opts).run
+  end
+
+  def test_latencies_are_every_counted_answer_and_pool_like_the_generators_own
+    r = run_open_loop(latencies: true)
+    assert_equal 0, r[:errors]
+    assert_equal r[:counted], r[:completed]
+    assert_equal r[:completed], r[:latencies_ms].size
+    assert_equal r[:latencies_ms].sort, r[:latencies_ms]
+    assert_in_delta r[:p99_ms], Bench::Util.percentile(r[:latencies_ms], 0.99), 0.01
+    assert_in_delta r[:p50_ms], Bench::Util.percentile(r[:latencies_ms], 0.5), 0.01
+    refute run_open_loop.key?(:latencies_ms), "latencies only when asked"
+  end
+
+  def test_percentile_of_nothing_is_nil_and_nearest_rank
+    assert_nil Bench::Util.percentile([], 0.99)
+    assert_equal 99, Bench::Util.percentile((1..100).to_a, 0.99)
+    assert_equal 100, Bench::Util.percentile((1..101).to_a, 0.99)
+  end
+end
