@@ -153,4 +153,83 @@ class HotPathTest < Minitest::Test
       fresh.close
     end
   end
+
+  # The peer's FIN can come in the same edge as its last bytes (both in the
+  # socket before the loop reads): a short read then leaves the end of
+  # input unannounced. The loop must still see it and close at once, not at
+  # read_timeout / persistent_timeout (which are long here).
+  LONG_WAITS = { first_data_timeout: 30, read_timeout: 30, persistent_timeout: 30 }.freeze
+
+  def test_half_a_head_and_a_close_in_one_edge_close_at_once
+    app = ->(env) { [200, { "content-type" => "text/plain" }, [env["PATH_INFO"]]] }
+    with_server(app, min_threads: 1, max_threads: 1, **LONG_WAITS) do |server, port|
+      clients = Array.new(5) do
+        client = Client.new(port).write("GET /half HTTP/1.1\r\nHo")
+        client.socket.close_write
+        client
+      end
+      clients.each { |c| assert_equal :eof, c.wait_close(timeout: 2) }
+      s = core_stats_until(server, timeout: 2) { |st| st[:connections].zero? }
+      assert_equal 0, s[:connections]
+      clients.each(&:close)
+    end
+  end
+
+  def test_a_request_and_a_close_in_one_edge_are_answered_then_closed
+    app = ->(env) { [200, { "content-type" => "text/plain" }, [env["PATH_INFO"]]] }
+    with_server(app, min_threads: 1, max_threads: 1, **LONG_WAITS) do |server, port|
+      clients = Array.new(5) do |i|
+        client = Client.new(port).write(get("/r#{i}"))
+        client.socket.close_write
+        client
+      end
+      clients.each_with_index do |c, i|
+        assert_equal "/r#{i}", c.read_response.body
+        assert_equal :eof, c.wait_close(timeout: 2)
+      end
+      s = core_stats_until(server, timeout: 2) { |st| st[:connections].zero? }
+      assert_equal 0, s[:connections]
+      clients.each(&:close)
+    end
+  end
+
+  # A request and the client's FIN arrive while the app runs (the event is
+  # noted, not handled): after both responses the connection closes at once.
+  def test_a_request_and_a_close_while_the_app_runs_are_answered_then_closed
+    started = Queue.new
+    release = Queue.new
+    with_server(gate_app(started, release), min_threads: 1, max_threads: 1, **LONG_WAITS) do |server, port|
+      client = Client.new(port).write(get("/block1"))
+      assert_equal "/block1", started.pop
+      client.write(get("/second"))
+      client.socket.close_write
+      sleep 0.05 # both in the socket before the thread hands the connection back
+      release << :go
+      assert_match(%r{\A/block1 on }, client.read_response.body)
+      assert_match(%r{\A/second on }, client.read_response.body)
+      assert_equal :eof, client.wait_close(timeout: 2)
+      s = core_stats_until(server, timeout: 2) { |st| st[:connections].zero? }
+      assert_equal 0, s[:connections]
+      client.close
+    end
+  end
+
+  # Half a head and the FIN while the app runs: closed once the response is out.
+  def test_half_a_head_and_a_close_while_the_app_runs_close_after_the_response
+    started = Queue.new
+    release = Queue.new
+    with_server(gate_app(started, release), min_threads: 1, max_threads: 1, **LONG_WAITS) do |server, port|
+      client = Client.new(port).write(get("/block1"))
+      assert_equal "/block1", started.pop
+      client.write("GET /sec")
+      client.socket.close_write
+      sleep 0.05
+      release << :go
+      assert_match(%r{\A/block1 on }, client.read_response.body)
+      assert_equal :eof, client.wait_close(timeout: 2)
+      s = core_stats_until(server, timeout: 2) { |st| st[:connections].zero? }
+      assert_equal 0, s[:connections]
+      client.close
+    end
+  end
 end

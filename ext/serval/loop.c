@@ -20,8 +20,11 @@
 #include "serval.h"
 #include "transport.h"
 
-/* An edge-triggered connection (plain TCP) is registered for both directions, once. */
-#define SV_ET_EVENTS (EPOLLIN | EPOLLOUT | EPOLLET)
+/* An edge-triggered connection (plain TCP) is registered for both directions,
+ * once. EPOLLRDHUP: the peer's FIN can come in the same edge as its last
+ * bytes, and a short read of those leaves the EOF with no edge of its own. */
+#define SV_ET_EVENTS (EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET)
+#define SV_EV_END (EPOLLRDHUP | EPOLLHUP | EPOLLERR)
 
 /* The loop's own answers always carry a phrase. */
 static const char *status_reason(int status)
@@ -341,8 +344,9 @@ void sv_loop_arm(sv_conn *c, uint32_t events)
         /* Registered for both directions: the next edge comes by itself
          * (EPOLLOUT after a write that would block, EPOLLIN with new input).
          * Input already waiting has no edge left: renewing the registration
-         * reports it once more. */
-        if (!((events & EPOLLIN) && c->rd_more))
+         * reports it once more; so does an end of input already seen
+         * (c->rdhup), whose EOF is still to read. */
+        if (!((events & EPOLLIN) && (c->rd_more || c->rdhup)))
             return;
         c->rd_more = 0;
         ev.events = SV_ET_EVENTS;
@@ -557,7 +561,9 @@ static int read_into(sv_conn *c, char *p, size_t n)
 {
     for (;;) {
         ssize_t got = c->io->read(c, p, n);
-        c->rd_more = got == (ssize_t)n; /* a short read emptied the socket: more input brings an edge */
+        /* A short read emptied the socket, so more input brings an edge;
+         * unless the peer's FIN came with the last edge (its EOF is left). */
+        c->rd_more = got == (ssize_t)n || c->rdhup;
         if (got > 0)
             return (int)got;
         if (got < 0 && errno == EINTR)
@@ -675,7 +681,7 @@ static void linger_read(sv_conn *c)
  * hand_to_loop): noted, under the mutex the hand-over takes, so that either
  * the thread sees it and returns the connection through the return list
  * (handle_wake runs the event then) or the loop already owns it here. */
-static int conn_owned(sv_conn *c)
+static int conn_owned(sv_conn *c, uint32_t events)
 {
     if (atomic_load(&c->owner) == SV_OWN_LOOP)
         return 1;
@@ -683,15 +689,17 @@ static int conn_owned(sv_conn *c)
     pthread_mutex_lock(&core->mu);
     int owner = atomic_load(&c->owner);
     if (owner == SV_OWN_RUBY)
-        c->missed = 1;
+        c->missed |= events | EPOLLIN; /* never 0: the mark that something came */
     pthread_mutex_unlock(&core->mu);
     return owner == SV_OWN_LOOP;
 }
 
 static void conn_event(sv_conn *c, uint32_t events)
 {
-    if (!conn_owned(c))
+    if (!conn_owned(c, events))
         return;
+    if (c->et && (events & SV_EV_END))
+        c->rdhup = 1; /* the peer sends no more: its EOF must be read, edge or not */
     if (c->state == SV_ST_WRITE && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP)))
         c->rd_more = 1; /* not read now: the edge is spent, the response's end must look */
     switch (c->state) {
@@ -732,16 +740,18 @@ static void handle_wake(sv_core *core)
     }
     while (ret) {
         sv_conn *n = ret->next;
-        int missed = ret->missed; /* returned by hand_to_loop: no thread touches it now */
+        uint32_t missed = ret->missed; /* returned by hand_to_loop: no thread touches it now */
         ret->missed = 0;
         int parse = ret->state == SV_ST_HEAD && ret->in.len > 0; /* a pipelined head is buffered */
         if (core->draining) {
             conn_destroy(ret);
         } else if (missed && !parse) {
-            conn_event(ret, EPOLLIN); /* the event that came while a thread owned it */
+            conn_event(ret, missed); /* the events that came while a thread owned it */
         } else {
             if (missed)
                 ret->rd_more = 1; /* input came too: read once the buffered requests are done */
+            if (ret->et && (missed & SV_EV_END))
+                ret->rdhup = 1;
             sv_loop_process_input(ret);
         }
         ret = n;

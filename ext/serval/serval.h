@@ -97,10 +97,12 @@ typedef struct sv_conn {
     int fd;
     _Atomic int owner;
     int state;
-    int missed;                  /* an event came while a Ruby thread owned it (under core->mu) */
+    uint32_t missed;             /* events that came while a Ruby thread owned it, or-ed (under core->mu) */
     int et;                      /* registered once, edge-triggered (plain TCP); else EPOLLONESHOT, re-armed */
     int rd_more;                 /* edge-triggered: the socket may hold input no event will announce
                                   * (a read filled the buffer, or readiness came in a state that does not read) */
+    int rdhup;                   /* edge-triggered: an event said the peer's input ended (EPOLLRDHUP, HUP, ERR):
+                                  * a short read no longer means an empty socket, its EOF is still to read */
     sv_core *core;
     struct sv_conn *next;        /* ready queue / return list / dead list link */
     uint32_t slot;               /* index in core->conns */
