@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "stringio"
+
 module Serval
   # rack.input of a request without a body: one shared, stateless object
   # instead of a StringIO per request. It reads like an empty binary IO at
@@ -57,6 +59,22 @@ module Serval
 
     def binmode?
       true
+    end
+
+    # Anything else StringIO answers (string, binmode, each_line, getc,
+    # seek, tell, ...) behaves as it did when this was a read-only StringIO
+    # over an empty string: rare calls, each on a fresh one.
+    EMPTY = "".b.freeze
+    private_constant :EMPTY
+
+    def method_missing(name, *args, **kwargs, &block)
+      return super unless StringIO.public_method_defined?(name)
+
+      StringIO.new(EMPTY).public_send(name, *args, **kwargs, &block)
+    end
+
+    def respond_to_missing?(name, include_private = false)
+      StringIO.public_method_defined?(name) || super
     end
   end
 end
