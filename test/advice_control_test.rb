@@ -50,6 +50,7 @@ class AdviceControlTest < Minitest::Test
     assert_equal 16, body["sweep"].size
     assert_match(/\Aadvice: \d+ threads x \d+ processes \(cpu share 0\.\d\d from 1,500 requests/, body["summary"])
     assert body["machine"]["cpus"], "this machine's CPUs are in the answer"
+    refute(body["warnings"].any? { |w| w.include?("computed in the server process") }, "the model ran in a child process")
   end
 
   def test_too_little_data_says_how_many

@@ -55,6 +55,29 @@ class AdviceLogTest < Minitest::Test
     assert @log.queue.empty?
   end
 
+  # What #start gives it: the check in a child process at nice 19, the same
+  # line as in this process.
+  def test_the_check_runs_in_a_child_process
+    require "serval/auto/model_process"
+    runner = Serval::Auto::ModelProcess.new(timeout: 60)
+    launcher = Launcher.new(AdviceWindows.window(1500))
+    here = log_for(launcher).check
+    there = Serval::AdviceLog.new(launcher, interval: 60, log_writer: Lines.new, runner: runner).check
+    refute_nil runner.pid, "the child ran it"
+    assert_equal here, there
+  ensure
+    runner&.stop
+  end
+
+  # A runner that fails: the check is made here and still logged.
+  def test_a_failing_child_falls_back_to_this_process
+    failing = Object.new
+    def failing.advice(*, **) = raise(Serval::ModelProcessError, "model process: gone")
+    line = Serval::AdviceLog.new(Launcher.new(AdviceWindows.window(1500)), interval: 60, log_writer: @log,
+                                                                           runner: failing).check
+    assert_match(/\Aadvice: \d+ threads/, line)
+  end
+
   def test_failure_is_logged_once
     launcher = Launcher.new({ requests: 1500, samples: [{ nothing: 1 }] * 1500 })
     log = log_for(launcher)

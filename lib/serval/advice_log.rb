@@ -12,8 +12,11 @@ module Serval
   #
   # when advice first becomes available and whenever the decision (threads
   # or processes) changes. The check simulates fewer requests than
-  # `servalctl advise` (CHECK_SETTINGS) to keep its CPU cost small: in
-  # single mode it shares the GVL with the requests (docs/tuning.md).
+  # `servalctl advise` (CHECK_SETTINGS): about 0.4 s of CPU, spent in a
+  # child process at nice 19 (Auto::ModelProcess), not in this one, where it
+  # held the GVL from the request threads in single mode: in an open-loop
+  # benchmark at half load, the check once a minute took p99 from 150 ms to
+  # 600 ms (docs/tuning.md).
   class AdviceLog
     CHECK_SETTINGS = { sim_requests: 5000, load_requests: 5000 }.freeze
     BOOT_WAIT = 86_400
@@ -28,7 +31,10 @@ module Serval
 
     attr_reader :last
 
-    def initialize(launcher, interval:, log_writer:, settings: CHECK_SETTINGS)
+    # runner: where the model runs (see Advice::Local.recommend); #start
+    # gives it a child process unless one was given.
+    def initialize(launcher, interval:, log_writer:, settings: CHECK_SETTINGS, runner: nil)
+      @runner = runner
       @launcher = launcher
       @interval = Float(interval)
       @log_writer = log_writer
@@ -41,7 +47,7 @@ module Serval
     def check
       window = @launcher.window or return nil
       require "serval/advice/local"
-      advice = Advice::Local.recommend(window, stats: @launcher.stats, **@settings)
+      advice = Advice::Local.recommend(window, stats: @launcher.stats, runner: @runner, **@settings)
       return nil unless advice[:enough_data]
 
       decision = advice.values_at(:threads, :processes)
@@ -59,6 +65,8 @@ module Serval
 
     # priority -3: shorter time slices while it holds the GVL beside request threads
     def start
+      require "serval/auto/model_process"
+      @runner ||= Auto::ModelProcess.new
       @ticker = Ticker.new("serval-advice", @interval, @log_writer, priority: -3,
                            ready: -> { @launcher.wait_until_booted(BOOT_WAIT) }).start { check }
       self
@@ -66,6 +74,7 @@ module Serval
 
     def stop
       @ticker&.stop
+      @runner&.stop if @runner.respond_to?(:stop)
     end
   end
 end

@@ -104,8 +104,8 @@ module Serval
     end
 
     # The recommendation (Serval::Advice) from the launcher's measurement
-    # window and this machine's CPUs and memory. Costs about a second of
-    # Ruby CPU in this process (the simulation), so it is computed on demand.
+    # window and this machine's CPUs and memory. Its simulation costs 2-3 s
+    # of CPU, spent in a child process (#model_process), on demand.
     def advice(params)
       return answer(501, error: "no measurement window in this build") unless @launcher.respond_to?(:window)
 
@@ -116,7 +116,15 @@ module Serval
       return answer(503, error: "no measurement window yet (timing off, or not booted)") unless window
 
       require "serval/advice/local"
-      answer(200, Advice::Local.recommend(window, stats: @launcher.stats, **options))
+      answer(200, Advice::Local.recommend(window, stats: @launcher.stats, runner: model_process, **options))
+    end
+
+    # The advice's 2-3 s of model run in a child process at nice 19, not
+    # in the serving process's GVL (Auto::ModelProcess); one per control
+    # app, started on the first /advice, ended with this process.
+    def model_process
+      require "serval/auto/model_process"
+      @model_process ||= Auto::ModelProcess.new
     end
 
     def advice_options(params)

@@ -29,6 +29,22 @@ class AutoModelProcessTest < Minitest::Test
     assert_nil @process.call({ requests: 3, samples: [] }, max: 4), "too few requests: nil, as in-process"
   end
 
+  def test_the_child_gives_the_advice_this_process_gives
+    require "serval/advice"
+    options = { machine: { cpus: 2.0, cpu_source: "test" }, sim_requests: 2000, load_requests: 2000 }
+    got = @process.advice(@window, **options)
+    assert got[:enough_data]
+    assert_equal JSON.generate(Serval::Advice.recommend(@window, **options)), JSON.generate(got)
+    assert_raises(Serval::ModelProcessError) { @process.advice({ requests: "many" }, **options) }
+  end
+
+  def test_calls_from_several_threads_take_turns
+    options = { max: 4 }
+    want = Serval::Auto::Model.call(@window, **options)
+    got = Array.new(3) { Thread.new { @process.call(@window, **options) } }.map { |t| t.join(60).value }
+    assert_equal [want] * 3, got
+  end
+
   def test_a_dead_child_is_an_error_and_the_next_call_starts_another
     @process.call(@window, max: 4)
     first = @process.pid

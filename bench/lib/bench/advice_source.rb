@@ -44,6 +44,15 @@ module Bench
       nil
     end
 
+    # The server's measurement window (control app GET /window), for the
+    # model to be asked again at other rates; nil when it cannot be read.
+    def window(port, token)
+      res = HTTP.get("127.0.0.1", port, "/window?token=#{token}", timeout: 30)
+      res.status == 200 ? JSON.parse(res.body) : nil
+    rescue SystemCallError, IOError, JSON::ParserError, HTTP::Timeout
+      nil
+    end
+
     # A window from the access log, as bench/advice_validate builds it. The
     # first `threads` requests (the process warming up) are left out.
     def from_log(log_path, threads:, seconds:, path_prefix:)

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "serval/advice"
+require "serval/errors"
 
 module Serval
   module Advice
@@ -16,16 +17,31 @@ module Serval
       # window: Launcher#window's Hash; stats: Launcher#stats (for worker
       # pids); in_server: false when this process is not the server (servalctl
       # advise --from): no worker memory then, rather than servalctl's own.
-      def recommend(window, stats: {}, machine: Machine.new, in_server: true, **options)
+      # runner: where the model runs (an Auto::ModelProcess: a child process,
+      # so that its seconds of Ruby do not hold the serving process's GVL);
+      # nil, or a runner that fails, runs it here.
+      def recommend(window, stats: {}, machine: Machine.new, in_server: true, runner: nil, **options)
         facts = machine.to_h
         facts = facts.merge(worker(machine, stats)) if in_server
-        advice = Advice.recommend(window, machine: facts, **options)
+        advice = run(runner, window, machine: facts, **options)
         missing = Array(window[:missing] || window["missing"])
         unless missing.empty?
           who = missing.map { |m| m.is_a?(Hash) ? "worker #{m[:index] || m['index']}" : m.to_s }.join(", ")
           advice[:warnings] << "no window from #{who}: the advice rests on the other workers' requests"
         end
         advice
+      end
+
+      # The child's answer, or this process's when there is no child or it
+      # failed (said in the advice's warnings).
+      def run(runner, window, **options)
+        return Advice.recommend(window, **options) unless runner
+
+        runner.advice(window, **options)
+      rescue ModelProcessError => e
+        Advice.recommend(window, **options).tap do |advice|
+          advice[:warnings] << "computed in the server process (#{e.message})"
+        end
       end
 
       # {worker_bytes:, worker_source:}: the largest PSS among the workers

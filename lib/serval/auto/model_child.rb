@@ -1,10 +1,17 @@
 # frozen_string_literal: true
 
 # The child of Serval::Auto::ModelProcess: `ruby -I lib model_child.rb NICE`.
-# Reads [window, options] Marshal frames (4-byte big-endian length, then the
-# data) on stdin, answers each with Auto::Model.call's result (or
-# {error: message}) in the same framing on stdout; exits at EOF.
+# Reads [kind, window, options] Marshal frames (4-byte big-endian length,
+# then the data) on stdin, answers each with Auto::Model.call's result
+# (kind :model) or Serval::Advice.recommend's (kind :advice), or
+# {error: message}, in the same framing on stdout; exits at EOF.
 require "serval/auto/model"
+require "serval/advice"
+
+KINDS = {
+  model: ->(window, options) { Serval::Auto::Model.call(window, **options) },
+  advice: ->(window, options) { Serval::Advice.recommend(window, **options) }
+}.freeze
 
 begin
   Process.setpriority(Process::PRIO_PROCESS, 0, Integer(ARGV[0] || 19))
@@ -22,8 +29,8 @@ loop do
   break if data.nil?
 
   answer = begin
-    window, options = Marshal.load(data) # rubocop:disable Security/MarshalLoad -- from the parent that started us
-    Serval::Auto::Model.call(window, **options)
+    kind, window, options = Marshal.load(data) # rubocop:disable Security/MarshalLoad -- from the parent that started us
+    KINDS.fetch(kind) { raise ArgumentError, "unknown kind #{kind.inspect}" }.call(window, options)
   rescue StandardError => e
     { error: "#{e.class}: #{e.message}" }
   end

@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "monitor"
 require "rbconfig"
 require "serval/errors"
 
@@ -13,13 +14,18 @@ module Serval
     # In a child it has its own GVL, and the kernel gives it the CPU the
     # server leaves idle.
     #
+    # The advice (Serval::Advice.recommend: the advice log's check and the
+    # control app's /advice, 0.4 s and 2-3 s of CPU) runs there for the same
+    # reason (#advice): in the serving process each check held requests
+    # back for as long.
+    #
     # The child (lib/serval/auto/model_child.rb, a plain `ruby` started with
     # Process.spawn, not a fork of the server: it loads only the model, none
-    # of the app) reads length-prefixed Marshal frames [window, options] on
-    # stdin and answers each with a frame holding the model or nil; it exits
-    # at EOF, so it ends with the process that started it. Any failure
+    # of the app) reads length-prefixed Marshal frames [kind, window, options]
+    # on stdin and answers each with a frame holding the result or nil; it
+    # exits at EOF, so it ends with the process that started it. Any failure
     # raises ModelProcessError and stops the child; the next call starts a
-    # new one.
+    # new one. Calls from several threads take turns (one child, one pipe).
     class ModelProcess
       NICE = 19
       TIMEOUT = 30.0 # seconds for one answer (a model run takes well under one)
@@ -32,25 +38,48 @@ module Serval
       def initialize(timeout: TIMEOUT)
         @timeout = timeout
         @pid = nil
+        @lock = Monitor.new
       end
 
       # The model for window (Model.call's arguments).
-      def call(window, **options)
-        start unless @pid
-        write_frame(Marshal.dump([window, options]))
-        answer = Marshal.load(read_frame) # rubocop:disable Security/MarshalLoad -- our own child's answer
-        raise ModelProcessError, answer[:error] if answer.is_a?(Hash) && answer[:error]
+      def call(window, **options) = ask(:model, window, options)
 
-        answer
-      rescue ModelProcessError
-        stop
-        raise
-      rescue SystemCallError, IOError, TypeError, ArgumentError, EOFError => e
-        stop
-        raise ModelProcessError, "model process: #{e.class}: #{e.message}"
+      # Serval::Advice.recommend(window, **options) (the machine's facts
+      # given in options[:machine]: the child reads none of its own).
+      def advice(window, **options) = ask(:advice, window, options)
+
+      # Kills the child first, so that a call in progress in another thread
+      # ends at once (its read fails) instead of holding the lock.
+      def stop
+        pid = @pid
+        begin
+          Process.kill(:KILL, pid) if pid
+        rescue SystemCallError
+          nil
+        end
+        @lock.synchronize { stop_child }
       end
 
-      def stop
+      private
+
+      def ask(kind, window, options)
+        @lock.synchronize do
+          start unless @pid
+          write_frame(Marshal.dump([kind, window, options]))
+          answer = Marshal.load(read_frame) # rubocop:disable Security/MarshalLoad -- our own child's answer
+          raise ModelProcessError, answer[:error] if answer.is_a?(Hash) && answer[:error]
+
+          answer
+        rescue ModelProcessError
+          stop_child
+          raise
+        rescue SystemCallError, IOError, TypeError, ArgumentError, EOFError => e
+          stop_child
+          raise ModelProcessError, "model process: #{e.class}: #{e.message}"
+        end
+      end
+
+      def stop_child
         [@to, @from].each { |io| io&.close unless io&.closed? }
         @to = @from = nil
         pid = @pid
@@ -62,8 +91,6 @@ module Serval
       rescue SystemCallError
         nil
       end
-
-      private
 
       def start
         child_in, @to = IO.pipe

@@ -56,6 +56,7 @@ module Bench
         server = select(servers).first or return skipped
         db_path = File.join(ctx.scratch, "fake_db.sock")
         db = start_db(db_path)
+        @windows = {}
         per_share = shares.map { |share| measure_share(server, share, db_path) }
         { "name" => name, "description" => description,
           "servers" => { "serval" => { "version" => server.version, "shares" => per_share } },
@@ -96,7 +97,7 @@ module Bench
         end
         best = sweep.map { |r| r["rps"] }.max
         knee = sweep.find { |r| r["rps"] >= 0.95 * best }["threads"]
-        open = advice["threads"] ? open_loop(server, share, db_path, advice) : []
+        open = advice["threads"] ? open_loop(server, share, db_path, advice, best) : []
         summarize(share, advice, sweep, best, knee, open)
       end
 
@@ -128,8 +129,10 @@ module Bench
           Wrk.run(ctx, url, duration: 5, connections: window_threads(share))
           seconds += 5
         end
-        AdviceSource.fetch(control_port: control_port, token: token, log_path: proc.log_path,
-                           threads: window_threads(share), seconds: seconds)
+        advice = AdviceSource.fetch(control_port: control_port, token: token, log_path: proc.log_path,
+                                    threads: window_threads(share), seconds: seconds)
+        @windows[share] = AdviceSource.window(control_port, token)
+        advice
       ensure
         proc&.stop
       end
@@ -145,24 +148,38 @@ module Bench
       end
 
       # Open-loop p99 at 50 % and 80 % of capacity, the model's against the
-      # server's. "Capacity" on each side is its own: the model's p99 is
-      # the advice's, at the load point's share of the *predicted* max
-      # req/s; the server's is measured at the same share of its *measured*
-      # capacity at the advised threads (#measured_capacity). Measuring at
-      # the predicted rate instead (BENCH_ADVICE_LOAD_BASIS=predicted, the
-      # method before 2026-11-25) charges the p99 for the capacity error a
-      # second time: at 80 % load a 4 % capacity error moves p99 by ~25 %,
-      # and the capacity has its own target (10 %).
+      # server's, at the same arrival rate. The rate is the load point's share
+      # of a capacity chosen by BENCH_ADVICE_LOAD_BASIS:
+      #
+      #   best       the sweep's best median req/s (the issue's "best
+      #              measured"; the default since 2026-11-26). The model's p99
+      #              is recomputed from the advice's own window at exactly that
+      #              rate (Advice.recommend with load_points = rate / its max).
+      #   measured   the capacity measured again at the advised threads (wrk
+      #              -c 2 x threads, #measured_capacity); the model at the same
+      #              share of *its* max. Two different rates: a 5 % gap
+      #              between the two capacity figures moves p99 at 80 % by a
+      #              third, and one wrk run's capacity swung 64.7-69.4 req/s
+      #              (70 % CPU, 2026-11-25), so this compared different loads.
+      #   predicted  both at the advice's own rates (share of the model's max):
+      #              the capacity error is charged to p99 a second time.
       #
       # `rounds` runs per rate (a fresh server and another arrival seed
       # each); the p99 is taken over the runs' latencies pooled (one run's
       # p99 at 80 % load rests on a few congestion episodes), the median of
       # the runs' p99s is kept beside it.
-      def open_loop(server, share, db_path, advice)
+      def open_loop(server, share, db_path, advice, best)
         threads = advice["threads"]
-        capacity = load_basis == "measured" ? measured_capacity(server, share, db_path, threads) : nil
+        capacity = case load_basis
+                   when "measured" then measured_capacity(server, share, db_path, threads)
+                   when "best" then { "rps" => best, "source" => "the sweep's best median req/s" }
+                   end
         Array(advice["load"]).map do |point|
           rate = capacity ? point["load"] * capacity["rps"] : point["rate"]
+          if load_basis == "best"
+            point = model_at(share, advice, rate) or
+              raise Error, "no window to recompute the model's p99 at #{rate.round(1)} req/s (GET /window failed)"
+          end
           runs = Array.new(rounds) { |round| open_run(server, share, db_path, threads, rate, round + 1) }
           predicted = point["latency_p99"] * 1e3
           pooled = runs.flat_map { |m| m["latencies_ms"] }.sort
@@ -172,7 +189,7 @@ module Bench
                          share, rate, load_basis, threads, p99.to_f, runs.map { |m| m["p99_ms"].to_f.round(1) }.inspect,
                          predicted, point["rate"])
           { "load" => point["load"], "rate" => rate.round(2), "predicted_rate" => point["rate"], "basis" => load_basis,
-            "capacity" => capacity, "threads" => threads,
+            "capacity" => capacity, "threads" => threads, "model_threads" => point["model_threads"] || threads,
             "predicted_p50_ms" => point["latency_p50"] * 1e3, "predicted_p99_ms" => predicted,
             "p50_ms" => p50, "p99_ms" => p99, "p99_runs_ms" => runs.map { |m| m["p99_ms"] },
             "p99_median_of_runs_ms" => median(runs.map { |m| m["p99_ms"] }),
@@ -182,13 +199,42 @@ module Bench
         end
       end
 
-      # "predicted" (the rates the advice gave its p99 for) or "measured"
-      # (the same shares of the measured capacity; the default).
+      # best (the default), measured or predicted: see #open_loop.
       def load_basis
-        v = ENV.fetch("BENCH_ADVICE_LOAD_BASIS", "measured")
-        raise Error, "BENCH_ADVICE_LOAD_BASIS is measured or predicted, not #{v.inspect}" unless %w[measured predicted].include?(v)
+        v = ENV.fetch("BENCH_ADVICE_LOAD_BASIS", "best")
+        unless %w[best measured predicted].include?(v)
+          raise Error, "BENCH_ADVICE_LOAD_BASIS is best, measured or predicted, not #{v.inspect}"
+        end
 
         v
+      end
+
+      # The model's open-loop point at `rate` req/s from the window the advice
+      # came from (the recommender's own load points are shares of its max
+      # req/s; this asks for the share that is `rate`). The machine is the
+      # server's: one CPU (taskset). nil without a window.
+      # The window read after /advice may have lost a bucket, so the model
+      # is asked first for its max on this window and then at rate / max.
+      def model_at(share, advice, rate)
+        window = @windows[share] or return nil
+        machine = { cpus: 1.0, cpu_source: "taskset -c #{ctx.server_cpu}" }
+        @model_max ||= {}
+        max = @model_max[share] ||= Serval::Advice.recommend(window, machine: machine, load_points: [])[:max_rps_per_process]
+        again = Serval::Advice.recommend(window, machine: machine, load_points: [rate / max])
+        unless again[:threads] == advice["threads"]
+          ctx.log format("advice: cpu %.2f the window read after /advice gives %s threads (the advice %s); p99 at %.1f req/s " \
+                         "is the model's at %s", share, again[:threads].inspect, advice["threads"].inspect, rate,
+                         again[:threads].inspect)
+        end
+        JSON.parse(JSON.generate(again[:load].first)).merge("model_threads" => again[:threads], "model_max_rps" => max)
+      end
+
+      def basis_note
+        case load_basis
+        when "best" then "at 50 % and 80 % of the sweep's best median req/s, the model's p99 at the same rates (from the advice's window)"
+        when "measured" then "at 50 % and 80 % of the capacity measured there (wrk -c 2 x threads), the model's at 50 % and 80 % of its own max"
+        else "at 50 % and 80 % of the model's max req/s, the model's p99 at the same rates"
+        end
       end
 
       def capacity_seconds = Integer(ENV.fetch("BENCH_ADVICE_CAPACITY_DURATION", "10"))
@@ -255,8 +301,7 @@ module Bench
         end
         notes << "knee = fewest threads with >= 95 % of the sweep's best median req/s (wrk -c = threads); err = predicted / measured - 1; " \
                  "p99 measured open loop (Poisson arrivals, latency from the scheduled send time, #{rounds} runs pooled) at the advised threads, " \
-                 "at 50 % and 80 % of the capacity measured there (wrk -c 2 x threads), against the model's p99 at 50 % and 80 % of its " \
-                 "own max req/s (BENCH_ADVICE_LOAD_BASIS=predicted: both at the model's rates)"
+                 "#{basis_note}"
         notes << "advice from: #{result.dig('servers', 'serval', 'shares', 0, 'advice', 'source')}; #{DB_CPU_NOTE} (CPU #{ctx.client_cpu})"
         [rows, notes]
       end
