@@ -271,4 +271,25 @@ class HTTPFramingTest < Minitest::Test
       assert_serves_fresh_request(port, @calls)
     end
   end
+
+  # A chunked head that arrives with only part of a chunk-size line (the
+  # first decode step sinks nothing into a body buffer that has no memory
+  # yet), then the rest one write at a time: the app reads the whole body. Under rake
+  # test:asan this once stopped at a memcpy to a NULL buffer (UBSan).
+  def test_chunked_head_alone_then_its_chunks_one_by_one
+    app = lambda do |env|
+      body = env["rack.input"].read
+      [200, { "content-type" => "text/plain" }, ["#{body.bytesize}:#{body}"]]
+    end
+    with_server(app) do |_server, port|
+      client = Client.new(port).write("POST /c HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n5")
+      sleep 0.05
+      ["\r\nhello\r\n", "6\r\n world\r\n", "0\r\n\r\n"].each do |part|
+        client.write(part)
+        sleep 0.02
+      end
+      assert_equal "11:hello world", client.read_response.body
+      client.close
+    end
+  end
 end

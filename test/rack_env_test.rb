@@ -250,4 +250,53 @@ class RackEnvTest < Minitest::Test
   ensure
     $stderr = saved
   end
+
+  # A request without a body shares one stateless empty rack.input (no
+  # StringIO per request): it reads as an IO at its end, under Rack::Lint,
+  # and what one request does to it (read, close) never shows in the next.
+  def test_bodiless_requests_read_an_empty_input_that_keeps_no_state
+    seen = Queue.new
+    inner = lambda do |env|
+      input = env["rack.input"]
+      buffer = +"stale"
+      lines = []
+      input.each { |line| lines << line }
+      seen << [input.read, input.read(0), input.read(3), input.read(3, buffer), buffer, input.gets,
+               lines, input.read.encoding]
+      input.close
+      [200, { "content-type" => "text/plain" }, ["ok"]]
+    end
+    with_server(Rack::Lint.new(inner), lint: false) do |_server, port|
+      2.times do
+        res = http(port, "GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        assert_equal 200, res.status, res.body
+        assert_equal ["", "", nil, nil, "", nil, [], Encoding::BINARY], seen.pop
+      end
+    end
+  end
+
+  # What StringIO answered before (rack.input was a read-only StringIO over
+  # "") still answers the same on the shared empty input.
+  def test_bodiless_input_answers_what_a_read_only_empty_stringio_did
+    seen = Queue.new
+    app = lambda do |env|
+      input = env["rack.input"]
+      seen << [input.string, input.binmode.equal?(input) || input.binmode.is_a?(StringIO), input.tell,
+               input.each_line.to_a, input.getc, input.length, input.respond_to?(:string),
+               input.respond_to?(:no_such_method)]
+      begin
+        input.write("x")
+        seen << :wrote
+      rescue IOError
+        seen << :read_only
+      end
+      [200, { "content-type" => "text/plain" }, ["ok"]]
+    end
+    with_server(app, lint: false) do |_server, port|
+      res = http(port, "GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+      assert_equal 200, res.status, res.body
+      assert_equal ["", true, 0, [], nil, 0, true, false], seen.pop
+      assert_equal :read_only, seen.pop
+    end
+  end
 end

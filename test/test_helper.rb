@@ -2,8 +2,11 @@
 
 # Shared by every test file; each file must also run alone:
 #   ruby -w -Ilib -Itest test/binder_test.rb
-$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
-$LOAD_PATH.unshift(__dir__)
+# A lib already on the load path keeps its place: rake test:asan puts the
+# ASan build's directory before it, and that build is the one to load.
+[File.expand_path("../lib", __dir__), __dir__].reverse_each do |dir|
+  $LOAD_PATH.unshift(dir) unless $LOAD_PATH.include?(dir)
+end
 
 require "minitest/autorun"
 require "socket"

@@ -89,6 +89,8 @@ int sv_buf_reserve(sv_buf *b, size_t extra, size_t limit)
 
 int sv_buf_append(sv_buf *b, const void *p, size_t n, size_t limit)
 {
+    if (n == 0)
+        return 0; /* an empty buffer may have no memory: no memcpy to NULL */
     if (sv_buf_reserve(b, n, limit) != 0)
         return -1;
     memcpy(b->data + b->len, p, n);

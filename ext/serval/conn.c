@@ -115,8 +115,17 @@ size_t sv_conn_spill(sv_conn *c, const char *p, size_t n)
     return done;
 }
 
+/* Out of epoll before the close: a copy of the descriptor (a fork of the
+ * app's) would otherwise keep the registration, and its events, alive. */
+static void unregister(sv_conn *c)
+{
+    if (c->fd >= 0)
+        epoll_ctl(c->core->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+}
+
 void sv_conn_free(sv_conn *c)
 {
+    unregister(c);
     c->io->close(c);
     close_if_open(&c->body_fd);
     file_done(c);
@@ -202,6 +211,7 @@ sv_next sv_conn_after_flush(sv_conn *c, int r, uint32_t *events)
 void sv_conn_give_to_loop_dead(sv_conn *c)
 {
     sv_core *core = c->core;
+    unregister(c);
     c->io->close(c);
     pthread_mutex_lock(&core->mu);
     atomic_store(&c->owner, SV_OWN_DEAD);
@@ -213,27 +223,38 @@ void sv_conn_give_to_loop_dead(sv_conn *c)
 
 /* Ruby side: publish the connection to the loop, its state and deadline set
  * (sv_conn_after_flush): armed for `events`, or with none on the return
- * list, for the loop to parse a pipelined request. The store and the re-arm
- * happen under the core mutex so the loop's timeout scan never sees a
- * loop-owned connection that is not armed yet. */
+ * list, for the loop to parse a pipelined request. The registration is
+ * re-armed while the thread still owns the connection, outside the core
+ * mutex (a system call there made the loop, woken by it, wait for the
+ * mutex): an event in between finds the connection Ruby's and is noted in
+ * c->missed (loop.c conn_event), and the connection then goes to the return
+ * list for the loop to handle that event. An edge-triggered connection is
+ * not re-armed (sv_loop_arm renews it only for input no edge will announce);
+ * its events while Ruby owns it are noted the same way. The owner store
+ * happens under the mutex, so the loop's timeout scan never sees a
+ * loop-owned connection that is not armed yet, and the connection is not
+ * touched after it; one put on the return list stays Ruby's until the loop
+ * takes the list. */
 static void hand_to_loop(sv_conn *c, uint32_t events)
 {
     sv_core *core = c->core;
+    if (events && !atomic_load(&core->stopping))
+        sv_loop_arm(c, events);
     pthread_mutex_lock(&core->mu);
     if (core->stopping) {
         pthread_mutex_unlock(&core->mu);
         sv_conn_give_to_loop_dead(c);
         return;
     }
-    atomic_store(&c->owner, SV_OWN_LOOP);
-    if (events) {
-        sv_loop_arm(c, events);
-    } else {
+    int to_list = !events || c->missed;
+    if (to_list) { /* stays Ruby's until the loop takes the list (loop.c take_lists) */
         c->next = core->returned;
         core->returned = c;
+    } else {
+        atomic_store(&c->owner, SV_OWN_LOOP);
     }
     pthread_mutex_unlock(&core->mu);
-    if (!events)
+    if (to_list)
         sv_core_wake(core);
 }
 

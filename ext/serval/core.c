@@ -259,6 +259,7 @@ typedef struct {
     double deadline;
     int interrupted;
     sv_conn *got;
+    sv_waiter *waiter;   /* while asleep (for wait_ubf); set and cleared under core->mu */
 } wait_args;
 
 static int nothing_more(sv_core *core)
@@ -281,6 +282,9 @@ static sv_conn *pop_locked(sv_core *core)
     return c;
 }
 
+/* Sleeps on its own condition variable (wake.c) until a request is queued
+ * for it, the deadline passes, the core stops or Ruby interrupts it. A
+ * thread woken for a request another thread took first sleeps again. */
 static void *wait_nogvl(void *p)
 {
     wait_args *a = p;
@@ -288,6 +292,13 @@ static void *wait_nogvl(void *p)
     struct timespec ts;
     ts.tv_sec = (time_t)a->deadline;
     ts.tv_nsec = (long)((a->deadline - (double)ts.tv_sec) * 1e9);
+    sv_waiter w;
+    memset(&w, 0, sizeof(w));
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w.cv, &ca);
+    pthread_condattr_destroy(&ca);
     pthread_mutex_lock(&core->mu);
     core->waiting++;
     if (core->balance_paused && !atomic_load(&core->balance_hold) &&
@@ -295,13 +306,25 @@ static void *wait_nogvl(void *p)
         core->balance_paused = 0; /* only on the transition: one wake per pause */
         sv_core_wake(core);
     }
+    a->waiter = &w;
     while (!core->q_head && !a->interrupted && !nothing_more(core)) {
-        if (pthread_cond_timedwait(&core->cv, &core->mu, &ts) == ETIMEDOUT)
+        if (w.woken) { /* woken, but a thread in the fast path took the request */
+            w.woken = 0;
+            core->waking--;
+        }
+        if (!w.listed)
+            sv_waiter_push(core, &w);
+        if (pthread_cond_timedwait(&w.cv, &core->mu, &ts) == ETIMEDOUT)
             break;
     }
+    a->waiter = NULL;
+    sv_waiter_remove(core, &w);
+    if (w.woken)
+        core->waking--;
     core->waiting--;
     a->got = pop_locked(core);
     pthread_mutex_unlock(&core->mu);
+    pthread_cond_destroy(&w.cv);
     return NULL;
 }
 
@@ -310,14 +333,15 @@ static void wait_ubf(void *p)
     wait_args *a = p;
     pthread_mutex_lock(&a->core->mu);
     a->interrupted = 1;
-    pthread_cond_broadcast(&a->core->cv);
+    if (a->waiter)
+        pthread_cond_signal(&a->waiter->cv);
     pthread_mutex_unlock(&a->core->mu);
 }
 
 static VALUE core_next(VALUE self, VALUE timeout)
 {
     sv_core *core = sv_core_get(self);
-    wait_args a = {core, 0, 0, NULL};
+    wait_args a = {core, 0, 0, NULL, NULL};
     pthread_mutex_lock(&core->mu);
     a.got = pop_locked(core); /* fast path: keep the GVL when work is waiting */
     pthread_mutex_unlock(&core->mu);
@@ -343,7 +367,7 @@ static void *drain_nogvl(void *p)
     ts.tv_nsec = (long)((deadline - (double)ts.tv_sec) * 1e9);
     pthread_mutex_lock(&core->mu);
     core->draining = 1;
-    pthread_cond_broadcast(&core->cv);
+    sv_wake_all(core);
     pthread_mutex_unlock(&core->mu);
     sv_core_wake(core);
     pthread_mutex_lock(&core->mu);
@@ -385,7 +409,7 @@ static VALUE core_stats(VALUE self)
 {
     sv_core *core = sv_core_get(self);
     pthread_mutex_lock(&core->mu);
-    long queued = (long)core->queued, waiting = core->waiting;
+    long queued = (long)core->queued, waiting = core->waiting, waking = core->waking;
     int draining = core->draining, stopping = core->stopping;
     double estimate = sv_shed_predict(&core->shed, sv_now(), queued >= waiting ? queued - waiting : -1,
                                       core->q_head ? core->q_head->queued_at : -1);
@@ -394,6 +418,7 @@ static VALUE core_stats(VALUE self)
     rb_hash_aset(h, ID2SYM(rb_intern("connections")), LONG2NUM(atomic_load(&core->open)));
     rb_hash_aset(h, ID2SYM(rb_intern("queued")), LONG2NUM(queued));
     rb_hash_aset(h, ID2SYM(rb_intern("waiting")), LONG2NUM(waiting));
+    rb_hash_aset(h, ID2SYM(rb_intern("waking")), LONG2NUM(waking)); /* wake.c */
     rb_hash_aset(h, ID2SYM(rb_intern("accepted")), ULONG2NUM(atomic_load(&core->accepted)));
     rb_hash_aset(h, ID2SYM(rb_intern("evicted")), ULONG2NUM(atomic_load(&core->evicted)));
     rb_hash_aset(h, ID2SYM(rb_intern("requests")), ULONG2NUM(atomic_load(&core->requests)));

@@ -20,6 +20,12 @@
 #include "serval.h"
 #include "transport.h"
 
+/* An edge-triggered connection (plain TCP) is registered for both directions,
+ * once. EPOLLRDHUP: the peer's FIN can come in the same edge as its last
+ * bytes, and a short read of those leaves the EOF with no edge of its own. */
+#define SV_ET_EVENTS (EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET)
+#define SV_EV_END (EPOLLRDHUP | EPOLLHUP | EPOLLERR)
+
 /* The loop's own answers always carry a phrase. */
 static const char *status_reason(int status)
 {
@@ -56,12 +62,16 @@ static void set_partial(sv_conn *c, int on)
     } else if (atomic_fetch_sub(&core->partial, 1) == 1) {
         pthread_mutex_lock(&core->mu);
         if (core->draining)
-            pthread_cond_broadcast(&core->cv); /* waiting threads may stop now */
+            sv_wake_all(core); /* waiting threads may stop now */
         pthread_mutex_unlock(&core->mu);
     }
 }
 
-/* Loop only: close and free a connection the loop owns (or a dead one). */
+/* Loop only: close and free a connection the loop owns (or a dead one).
+ * It leaves the table at once; its memory is freed after the current round
+ * of events (bury), since a later event of the same epoll batch may still
+ * name it (an edge-triggered connection can have an event and a place on
+ * the return list in one round): such an event finds it dead. */
 static void conn_destroy(sv_conn *c)
 {
     sv_core *core = c->core;
@@ -73,7 +83,18 @@ static void conn_destroy(sv_conn *c)
         last->slot = slot;
     }
     atomic_fetch_sub(&core->open, 1);
-    sv_conn_free(c);
+    atomic_store(&c->owner, SV_OWN_DEAD);
+    c->next = core->graveyard;
+    core->graveyard = c;
+}
+
+static void bury(sv_core *core)
+{
+    while (core->graveyard) {
+        sv_conn *c = core->graveyard;
+        core->graveyard = c->next;
+        sv_conn_free(c);
+    }
 }
 
 /* ---- listeners ----------------------------------------------------------- */
@@ -190,9 +211,13 @@ static void do_accept(sv_core *core, sv_listener *l)
         atomic_fetch_add(&core->accepted, 1);
         if (core->opt.balance)
             set_partial(c, 1); /* a drain waits for its first request (conn_expired) */
+        /* Plain TCP is registered once, edge-triggered: no epoll_ctl per
+         * request (sv_loop_arm). TLS keeps EPOLLONESHOT: OpenSSL may hold
+         * decrypted input no socket event announces (tls.c tls_events). */
+        c->et = c->io == &sv_plain_transport;
         struct epoll_event ev;
         memset(&ev, 0, sizeof(ev));
-        ev.events = EPOLLIN | EPOLLONESHOT;
+        ev.events = c->et ? SV_ET_EVENTS : EPOLLIN | EPOLLONESHOT;
         ev.data.ptr = c;
         if (epoll_ctl(core->epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
             conn_destroy(c);
@@ -315,6 +340,20 @@ void sv_loop_arm(sv_conn *c, uint32_t events)
 {
     struct epoll_event ev;
     memset(&ev, 0, sizeof(ev));
+    if (c->et) {
+        /* Registered for both directions: the next edge comes by itself
+         * (EPOLLOUT after a write that would block, EPOLLIN with new input).
+         * Input already waiting has no edge left: renewing the registration
+         * reports it once more; so does an end of input already seen
+         * (c->rdhup), whose EOF is still to read. */
+        if (!((events & EPOLLIN) && (c->rd_more || c->rdhup)))
+            return;
+        c->rd_more = 0;
+        ev.events = SV_ET_EVENTS;
+        ev.data.ptr = c;
+        epoll_ctl(c->core->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+        return;
+    }
     ev.events = c->io->events(c, events) | EPOLLONESHOT;
     ev.data.ptr = c;
     epoll_ctl(c->core->epfd, EPOLL_CTL_MOD, c->fd, &ev);
@@ -368,9 +407,9 @@ static void dispatch(sv_conn *c)
     core->queued++;
     int none_partial = was_partial && atomic_fetch_sub(&core->partial, 1) == 1;
     if (none_partial && core->draining)
-        pthread_cond_broadcast(&core->cv); /* one takes the request, the others may leave */
-    else if (core->waiting > 0)
-        pthread_cond_signal(&core->cv);
+        sv_wake_all(core); /* one takes the request, the others may leave */
+    else
+        sv_wake_dispatched(core); /* one sleeping thread, if any (wake.c) */
     pthread_mutex_unlock(&core->mu);
 }
 
@@ -522,6 +561,9 @@ static int read_into(sv_conn *c, char *p, size_t n)
 {
     for (;;) {
         ssize_t got = c->io->read(c, p, n);
+        /* A short read emptied the socket, so more input brings an edge;
+         * unless the peer's FIN came with the last edge (its EOF is left). */
+        c->rd_more = got == (ssize_t)n || c->rdhup;
         if (got > 0)
             return (int)got;
         if (got < 0 && errno == EINTR)
@@ -633,10 +675,33 @@ static void linger_read(sv_conn *c)
     }
 }
 
+/* An event for a connection a Ruby thread owns (input or a close while the
+ * app runs, on an edge-triggered connection; on a one-shot one only from
+ * the thread's re-arm just before it hands the connection back, conn.c
+ * hand_to_loop): noted, under the mutex the hand-over takes, so that either
+ * the thread sees it and returns the connection through the return list
+ * (handle_wake runs the event then) or the loop already owns it here. */
+static int conn_owned(sv_conn *c, uint32_t events)
+{
+    if (atomic_load(&c->owner) == SV_OWN_LOOP)
+        return 1;
+    sv_core *core = c->core;
+    pthread_mutex_lock(&core->mu);
+    int owner = atomic_load(&c->owner);
+    if (owner == SV_OWN_RUBY)
+        c->missed |= events | EPOLLIN; /* never 0: the mark that something came */
+    pthread_mutex_unlock(&core->mu);
+    return owner == SV_OWN_LOOP;
+}
+
 static void conn_event(sv_conn *c, uint32_t events)
 {
-    if (atomic_load(&c->owner) != SV_OWN_LOOP)
+    if (!conn_owned(c, events))
         return;
+    if (c->et && (events & SV_EV_END))
+        c->rdhup = 1; /* the peer sends no more: its EOF must be read, edge or not */
+    if (c->state == SV_ST_WRITE && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP)))
+        c->rd_more = 1; /* not read now: the edge is spent, the response's end must look */
     switch (c->state) {
     case SV_ST_HEAD: read_head(c); break;
     case SV_ST_BODY: read_body(c); break;
@@ -648,12 +713,17 @@ static void conn_event(sv_conn *c, uint32_t events)
 
 /* ---- wake-ups, timeouts, draining -------------------------------------- */
 
+/* The returned connections become the loop's here (hand_to_loop leaves
+ * them Ruby's, so that an event before this notes c->missed instead of
+ * handling a connection that is on the list). */
 static void take_lists(sv_core *core, sv_conn **returned, sv_conn **dead)
 {
     pthread_mutex_lock(&core->mu);
     *returned = core->returned;
     *dead = core->dead;
     core->returned = core->dead = NULL;
+    for (sv_conn *c = *returned; c; c = c->next)
+        atomic_store(&c->owner, SV_OWN_LOOP);
     pthread_mutex_unlock(&core->mu);
 }
 
@@ -670,10 +740,20 @@ static void handle_wake(sv_core *core)
     }
     while (ret) {
         sv_conn *n = ret->next;
-        if (core->draining)
+        uint32_t missed = ret->missed; /* returned by hand_to_loop: no thread touches it now */
+        ret->missed = 0;
+        int parse = ret->state == SV_ST_HEAD && ret->in.len > 0; /* a pipelined head is buffered */
+        if (core->draining) {
             conn_destroy(ret);
-        else
+        } else if (missed && !parse) {
+            conn_event(ret, missed); /* the events that came while a thread owned it */
+        } else {
+            if (missed)
+                ret->rd_more = 1; /* input came too: read once the buffered requests are done */
+            if (ret->et && (missed & SV_EV_END))
+                ret->rdhup = 1;
             sv_loop_process_input(ret);
+        }
         ret = n;
     }
 }
@@ -782,6 +862,7 @@ static void *loop_main(void *arg)
         }
         if (core->opt.balance && !draining && core->accepting >= 0)
             balance_listeners(core);
+        bury(core); /* no event of this round names them any more */
         if (loop_should_exit(core, now))
             break;
     }
@@ -792,6 +873,7 @@ static void *loop_main(void *arg)
         if (atomic_load(&c->owner) != SV_OWN_RUBY)
             conn_destroy(c);
     }
+    bury(core);
     return NULL;
 }
 
@@ -849,7 +931,7 @@ void sv_core_stop_and_join(sv_core *core, double grace)
     } else if (sv_now() + grace < core->stop_deadline) {
         core->stop_deadline = sv_now() + grace;
     }
-    pthread_cond_broadcast(&core->cv);
+    sv_wake_all(core);
     pthread_mutex_unlock(&core->mu);
     if (!core->started || core->joined)
         return;

@@ -62,6 +62,14 @@ typedef struct sv_listener {
 } sv_listener;
 
 typedef struct sv_core sv_core;
+
+/* A Ruby thread asleep in Core#next, on that thread's stack (wake.c). */
+typedef struct sv_waiter {
+    pthread_cond_t cv;
+    struct sv_waiter *prev, *next;
+    int listed;                  /* in core->idle */
+    int woken;                   /* taken off core->idle by a wake-up, counted in core->waking */
+} sv_waiter;
 typedef struct sv_transport sv_transport;   /* transport.h: plain TCP or TLS */
 
 /* One error response the loop answered itself (errlog.c). */
@@ -89,6 +97,12 @@ typedef struct sv_conn {
     int fd;
     _Atomic int owner;
     int state;
+    uint32_t missed;             /* events that came while a Ruby thread owned it, or-ed (under core->mu) */
+    int et;                      /* registered once, edge-triggered (plain TCP); else EPOLLONESHOT, re-armed */
+    int rd_more;                 /* edge-triggered: the socket may hold input no event will announce
+                                  * (a read filled the buffer, or readiness came in a state that does not read) */
+    int rdhup;                   /* edge-triggered: an event said the peer's input ended (EPOLLRDHUP, HUP, ERR):
+                                  * a short read no longer means an empty socket, its EOF is still to read */
     sv_core *core;
     struct sv_conn *next;        /* ready queue / return list / dead list link */
     uint32_t slot;               /* index in core->conns */
@@ -170,6 +184,7 @@ struct sv_core {
     int evict_wanted;            /* an accept found max_connections reached (loop only) */
 
     sv_conn **conns;             /* slot table, loop only */
+    sv_conn *graveyard;          /* loop only: destroyed in this round of events, freed after it */
     size_t nconns;
     size_t conns_cap;
     double next_scan;
@@ -180,6 +195,8 @@ struct sv_core {
     sv_conn *q_head, *q_tail;    /* ready queue */
     size_t queued;
     int waiting;                 /* Ruby threads blocked in Core#next */
+    sv_waiter *idle;             /* of those, the ones no wake-up was sent to, most recent first */
+    int waking;                  /* woken for a request, not yet back at the queue */
     sv_shed shed;                /* load shedding (opt.max_queue_time > 0) */
     _Atomic int balance_paused;  /* balance: listeners out of epoll until a thread waits */
     _Atomic int balance_hold;    /* balance: a sibling has GVL headroom, accept nothing (balance.c) */
@@ -228,6 +245,14 @@ size_t sv_errlog_take(sv_errlog *l, sv_err_event *out, size_t max, unsigned long
 void sv_errlog_wake(sv_errlog *l);
 void sv_errlog_stats(sv_errlog *l, size_t *queued, unsigned long *dropped, unsigned long *total);
 
+/* wake.c: waking Ruby threads for queued requests; all with core->mu held */
+void sv_waiter_push(sv_core *core, sv_waiter *w);
+void sv_waiter_remove(sv_core *core, sv_waiter *w);
+/* Every waiting thread re-checks its wait (draining, stopping, interrupts); core->cv too. */
+void sv_wake_all(sv_core *core);
+/* A request joined the queue: wake the most recent sleeping thread not woken yet. */
+void sv_wake_dispatched(sv_core *core);
+
 /* buffer.c too: the monotonic clock in seconds */
 double sv_now(void);
 
@@ -240,7 +265,9 @@ void sv_core_destroy(sv_core *core);
 /* Loop thread only: parse what is buffered and dispatch. */
 void sv_loop_process_input(sv_conn *c);
 /* The owner (either side): wait on the loop's epoll for `events` (as the
- * connection's transport translates them), once (EPOLLONESHOT). */
+ * connection's transport translates them), once (EPOLLONESHOT); for an
+ * edge-triggered connection nothing, unless input may be waiting unannounced
+ * (c->rd_more): then the registration is renewed, which reports it again. */
 void sv_loop_arm(sv_conn *c, uint32_t events);
 
 /* conn.c: used by both sides */

@@ -4,6 +4,7 @@ require "stringio"
 require "serval/response_writer"
 require "serval/hijack"
 require "serval/timing"
+require "serval/empty_input"
 
 module Serval
   # Turns one native Request into a Rack call and its response.
@@ -15,7 +16,8 @@ module Serval
     RACK_EARLY_HINTS = "rack.early_hints"
     RACK_PROTOCOL = "rack.protocol"
     HTTP_UPGRADE = "HTTP_UPGRADE"
-    EMPTY = "".b.freeze
+    ALWAYS_SET = %w[REQUEST_METHOD PATH_INFO QUERY_STRING REQUEST_URI SERVER_PROTOCOL REMOTE_ADDR SERVER_NAME
+                    SERVER_PORT rack.input rack.hijack rack.response_finished rack.after_reply].freeze
 
     attr_reader :timing
 
@@ -34,7 +36,7 @@ module Serval
     end
 
     def call(request)
-      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      started = Process.clock_gettime(Process::CLOCK_MONOTONIC) if @log_requests
       env = request.env(@template)
       input = make_input(request.body)
       env[RACK_INPUT] = input
@@ -87,6 +89,11 @@ module Serval
         "rack.hijack?" => true
       }
       env["rack.version"] = [1, 6] if rack2?
+      # Every request sets these (Request#env in C, #call here): present in
+      # the template, they make its copy a table already sized for a whole
+      # env, which is then filled in place instead of growing and being
+      # rebuilt while the request's keys are added.
+      (ALWAYS_SET - env.keys).each { |key| env[key] = nil }
       env
     end
 
@@ -96,7 +103,7 @@ module Serval
 
     def make_input(body)
       case body
-      when nil then StringIO.new(EMPTY)
+      when nil then EmptyInput
       when String then StringIO.new(body)
       else File.for_fd(body, "rb")
       end
