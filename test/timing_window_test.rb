@@ -130,6 +130,24 @@ class TimingWindowTest < Minitest::Test
     assert_equal 0.005, m[:timeslice]
   end
 
+  # cpu_speed: CPU / GVL held per busy step of the window, oldest first.
+  def test_cpu_speed_keeps_busy_steps_of_the_window
+    T.window_reset(START - 10) # the window covers START - 10 .. START + 5
+    100.times { |i| record(START + 1 + (i * 0.01)) }
+    busy = Array.new(30) { |i| [START - 9 + (i * 0.25), 0.2, i == 3 ? 0.1 : 0.25] } # 0.5 at step 3, 1.25 -> 1
+    quiet = [[START - 1.0, 0.01, 0.01]]                                      # GVL held 4 %: left out
+    old = [[START - 11.0, 0.25, 0.25]]                                       # before the window
+    w = W.read(now: START + 5, gvl_split: true, steadiness: [0.25, old + busy + quiet])
+    assert_equal 30, w[:cpu_speed].size
+    assert_equal 0.5, w[:cpu_speed][3]
+    assert_equal 1.0, w[:cpu_speed].max
+    few = W.read(now: START + 5, gvl_split: true, steadiness: [0.25, busy.first(10)])
+    refute few.key?(:cpu_speed), "fewer than #{W::SPEED_MIN_STEPS} busy steps say nothing"
+    refute W.read(now: START + 5, gvl_split: false, steadiness: [0.25, busy]).key?(:cpu_speed), "no hook, no speed"
+    m = W.merge([w, JSON.parse(JSON.generate(w)), few])
+    assert_equal 60, m[:cpu_speed].size, "a cluster's workers' steps side by side"
+  end
+
   def test_merge_bounds_the_samples
     big = { requests: 5000, sampled_from: 5000, gvl_split: true, samples: Array.new(3000) { { run: 0.001, idle: 0.0 } } }
     m = W.merge([big, big.dup])

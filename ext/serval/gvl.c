@@ -33,6 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <sys/syscall.h>
+#include <pthread.h>
 #include <ruby.h>
 #include "serval_ruby.h"
 
@@ -46,7 +47,6 @@ __thread int sv_gvl_yielding; /* fairness.c's preemption in progress (serval_rub
 #define SV_GVL_HOOK 1
 #endif
 
-#define SV_GVL_SLOTS 512            /* threads tracked at once */
 #define SV_PW_FIGURES 4             /* pool wait: wall, run, idle, stall */
 #define SV_GVL_TRACE_CAP 262144     /* events per trace (16 bytes each) */
 #define SV_IO_MIN_NS 10000          /* an idle period this long or longer counts as an I/O wait */
@@ -87,6 +87,9 @@ typedef struct {
     uint64_t req_idle0;         /* ns[SV_GVL_IDLE] when it began; owner thread only */
     int nseg;                   /* the request's shape so far (sv_gvl_segments); owner thread only */
     float seg[SV_SEGS];
+    clockid_t clk;              /* the thread's CPU clock, valid once has_clk (steadiness.c reads it) */
+    _Atomic int has_clk;
+    _Atomic uint32_t claim;     /* bumped on every claim: a reader's values from another owner are stale */
 } sv_gvl_slot;
 
 typedef struct {
@@ -159,13 +162,20 @@ static void trace_push(uint64_t ts, int tid, int state)
  * calls from the thread itself). Ruby 3.3 fires READY for a new or woken
  * thread from another native thread, so the native id is learnt only on the
  * thread's own events. */
+static void learn_thread(sv_gvl_slot *s)
+{
+    s->tid = (int)syscall(SYS_gettid);
+    if (pthread_getcpuclockid(pthread_self(), &s->clk) == 0)
+        atomic_store_explicit(&s->has_clk, 1, memory_order_release);
+}
+
 static sv_gvl_slot *slot_of(VALUE th, int state, uint64_t now, int own)
 {
     sv_gvl_slot *s = SLOT_GET(th);
     int g = atomic_load_explicit(&gen, memory_order_relaxed);
     if (s && s->gen == g) {
         if (own && !s->tid)
-            s->tid = (int)syscall(SYS_gettid);
+            learn_thread(s);
         return s;
     }
     for (int i = 0; i < SV_GVL_SLOTS; i++) {
@@ -173,8 +183,12 @@ static sv_gvl_slot *slot_of(VALUE th, int state, uint64_t now, int own)
         sv_gvl_slot *c = &slots[i];
         if (!atomic_compare_exchange_strong(&c->used, &expect, 1))
             continue;
+        atomic_store_explicit(&c->has_clk, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->claim, 1, memory_order_release);
         c->gen = g;
-        c->tid = own ? (int)syscall(SYS_gettid) : 0;
+        c->tid = 0;
+        if (own)
+            learn_thread(c);
         c->state = state;
         c->since = now;
         for (int k = 0; k < 3; k++)
@@ -243,6 +257,40 @@ static sv_gvl_slot *current_slot(uint64_t now)
     return hook ? slot_of(rb_thread_current(), SV_GVL_RUN, now, 1) : NULL;
 }
 
+/* For ext/serval/steadiness.c, from its own native thread without the GVL:
+ * slot i's claim count, the GVL time its thread has held in finished
+ * slices and the one in progress, and the thread's CPU time so far. 0 when the slot is free, of an
+ * older generation, or its CPU clock is unknown or unreadable (the thread
+ * has just exited). A slot reclaimed between two probes shows another
+ * claim count: the caller then starts over from the new values. */
+int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu)
+{
+    if (!hook || i < 0 || i >= SV_GVL_SLOTS)
+        return 0;
+    sv_gvl_slot *s = &slots[i];
+    if (!atomic_load_explicit(&s->used, memory_order_acquire) ||
+        !atomic_load_explicit(&s->has_clk, memory_order_acquire) || s->gen != atomic_load(&gen))
+        return 0;
+    *claim = atomic_load_explicit(&s->claim, memory_order_acquire);
+    /* finished slices first, then the slice in progress: read in this order,
+     * a slice that ends in between is missed now and counted at the next
+     * probe, never counted twice (the owner adds to ns before it changes
+     * state); the owner's plain fields are read racily, as in
+     * gvl_idle_in_request */
+    uint64_t h = atomic_load_explicit(&s->ns[SV_GVL_RUN], memory_order_acquire);
+    int state = *(volatile int *)&s->state;
+    uint64_t since = *(volatile uint64_t *)&s->since;
+    struct timespec ts;
+    if (clock_gettime(s->clk, &ts) != 0)
+        return 0;
+    *cpu = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    uint64_t now = now_ns(CLOCK_MONOTONIC);
+    if (state == SV_GVL_RUN && since <= now)
+        h += now - since;
+    *held = h;
+    return 1;
+}
+
 /* Registers the hook once per process; in a forked child the inherited
  * registration is replaced and every slot (the parent's threads) dropped. */
 static VALUE gvl_enable(VALUE mod)
@@ -267,6 +315,7 @@ static VALUE gvl_enable(VALUE mod)
         RUBY_INTERNAL_THREAD_EVENT_READY | RUBY_INTERNAL_THREAD_EVENT_RESUMED |
         RUBY_INTERNAL_THREAD_EVENT_SUSPENDED | RUBY_INTERNAL_THREAD_EVENT_EXITED, NULL);
     hook_pid = pid;
+    sv_steadiness_start();
     return Qtrue;
 }
 
@@ -381,6 +430,12 @@ static VALUE gvl_trace_stop(VALUE mod)
     return rb_ary_new_from_args(3, ULL2NUM(end), SIZET2NUM(n - keep), flat);
 }
 
+#else
+int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu)
+{
+    (void)i, (void)claim, (void)held, (void)cpu;
+    return 0; /* no hook, no slots (Ruby 3.1): the sampler never starts */
+}
 #endif /* SV_GVL_HOOK */
 
 /*
@@ -633,6 +688,7 @@ void sv_init_gvl(VALUE mNative)
     rb_define_singleton_method(m, "trace_start", gvl_trace_start, 0);
     rb_define_singleton_method(m, "trace_stop", gvl_trace_stop, 0);
     rb_define_singleton_method(m, "idle_in_request", gvl_idle_in_request, 1);
+    sv_init_steadiness(m);
 #else
     rb_define_singleton_method(m, "enable", gvl_false, 0);
     rb_define_singleton_method(m, "enabled?", gvl_false, 0);

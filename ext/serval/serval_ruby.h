@@ -46,6 +46,11 @@ extern __thread int sv_gvl_yielding;
  * last two (totals kept). */
 #define SV_SEGS 17
 int sv_gvl_segments(float out[SV_SEGS]);
+/* GVL slots gvl.c tracks; sv_gvl_probe reads one for ext/serval/steadiness.c. */
+#define SV_GVL_SLOTS 512
+int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu);
+void sv_steadiness_start(void);
+void sv_init_steadiness(VALUE mGVL);
 /* The rolling window (ext/serval/window.c): figures in this order. */
 enum { SV_WIN_QUEUE = 0, SV_WIN_RUN, SV_WIN_IDLE, SV_WIN_STALL, SV_WIN_POOL, SV_WIN_WALL, SV_WIN_CPU, SV_WIN_FIG };
 void sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods, const float *segs, int nseg);

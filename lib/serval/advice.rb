@@ -13,6 +13,7 @@ require "serval/advice/stall_estimate"
 require "serval/advice/processes"
 require "serval/advice/database"
 require "serval/advice/capacity"
+require "serval/advice/steadiness"
 require "serval/advice/recommender"
 
 module Serval

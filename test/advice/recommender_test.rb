@@ -242,6 +242,25 @@ class AdviceRecommenderTest < Minitest::Test
                  r["summary"])
   end
 
+  # The window's cpu_speed: open-loop p99 replays the dips, the answer says
+  # how unsteady the CPU was and warns when it often ran slow.
+  def test_an_unsteady_cpu_lengthens_p99_under_load_and_is_reported
+    win = window(self.class.samples(0.014, 0.006))
+    steady = advise(win)
+    dips = Array.new(240) { |i| (i % 40) < 4 ? 0.6 : 1.0 }
+    unsteady = advise(win.merge(cpu_speed: dips))
+    assert_nil steady[:cpu_steadiness]
+    assert_equal({ steps: 240, below_0_9: 0.1, below_0_75: 0.1, p10: 0.96, min: 0.6 }, unsteady[:cpu_steadiness])
+    assert_equal steady[:threads], unsteady[:threads], "throughput (and the knee) is a long-run mean"
+    assert_equal steady[:max_rps_per_process], unsteady[:max_rps_per_process]
+    assert_operator unsteady[:load].last[:latency_p99], :>, steady[:load].last[:latency_p99] * 1.2
+    assert(unsteady[:warnings].any? { |w| w.include?("the CPU is unsteady: 10 %") }, unsteady[:warnings].inspect)
+    assert(steady[:warnings].none? { |w| w.include?("unsteady") })
+    calm = advise(win.merge(cpu_speed: Array.new(240) { |i| i.zero? ? 0.7 : 0.99 }))
+    assert(calm[:warnings].none? { |w| w.include?("unsteady") }, "one slow step in 240 is no warning")
+    assert_raises(ArgumentError) { advise(win.merge(cpu_speed: [1.0, -0.5])) }
+  end
+
   def test_same_window_same_advice_and_string_keys
     samples = self.class.samples(0.007, 0.013)
     a = advise(window(samples))

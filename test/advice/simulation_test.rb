@@ -138,4 +138,31 @@ class AdviceSimulationTest < Minitest::Test
     assert_raises(ArgumentError) { sim([0.01], [0.01]).closed(0) }
     assert_raises(ArgumentError) { sim([0.01], [0.01]).open(2, rate: 0) }
   end
+
+  # The CPU's measured speed (Window#cpu_speed) replayed in open loop: a
+  # constant speed is scaled to 1 (the measured run times already hold it);
+  # dips clustered in time lengthen the tail near capacity, hardly at light
+  # load, and leave closed-loop throughput alone.
+  def test_a_constant_speed_changes_nothing
+    plain = sim(exp(0.014, 1), exp(0.006, 2))
+    slow = sim(exp(0.014, 1), exp(0.006, 2), speed: [0.6] * 40)
+    assert_equal plain.open(3, rate: 55, rng: Random.new(4)).to_h, slow.open(3, rate: 55, rng: Random.new(4)).to_h
+  end
+
+  def test_clustered_dips_lengthen_the_tail_near_capacity
+    dips = Array.new(240) { |i| (i % 40) < 4 ? 0.6 : 1.0 } # 1 s at 60 % every 10 s
+    steady = sim(exp(0.014, 1), exp(0.006, 2), n: 30_000)
+    dipping = sim(exp(0.014, 1), exp(0.006, 2), n: 30_000, speed: dips)
+    assert_equal steady.closed(3).to_h, dipping.closed(3).to_h, "closed loop ignores the speed"
+    cap = steady.closed(3).rps
+    heavy = [steady, dipping].map { |s| s.open(3, rate: 0.8 * cap, rng: Random.new(6)).latency_p99 }
+    light = [steady, dipping].map { |s| s.open(3, rate: 0.3 * cap, rng: Random.new(6)).latency_p99 }
+    assert_operator heavy[1], :>, heavy[0] * 1.2, "p99 at 80 %: #{heavy.inspect}"
+    assert_operator light[1], :<, light[0] * 1.15, "p99 at 30 %: #{light.inspect}"
+  end
+
+  def test_speed_must_be_positive
+    assert_raises(ArgumentError) { sim([0.01], [0.01], speed: []) }
+    assert_raises(ArgumentError) { sim([0.01], [0.01], speed: [1.0, 0.0]) }
+  end
 end

@@ -78,7 +78,7 @@ module Serval
           return base.merge(summary: "advice: #{@warnings.first}")
         end
         profiles = workload.profiles(@s[:sim_requests], Random.new(@s[:seed]))
-        sim = Simulation.new(profiles, quantum: quantum, handoff: @window.handoff)
+        sim = Simulation.new(profiles, quantum: quantum, handoff: @window.handoff, speed: @window.cpu_speed)
         sweep = Sweep.new(sim, max: [@s[:sweep_max], @window.max_threads || 0].max, fraction: @s[:knee_fraction])
         knee = sweep.knee
         @reasons << format("throughput levels off at %d threads: %.1f req/s, %d %% of the best simulated (%.1f)",
@@ -108,12 +108,30 @@ module Serval
                     table: Amdahl.table(1 - share, max: sweep.rows.size) },
           gvl_ceiling: GvlCeiling.call(workload.mean_run, workload.mean_io),
           pool: pool, database: db, machine: procs, measured: measured(sim, sweep),
+          cpu_steadiness: Steadiness.call(@window.cpu_speed),
           capacity: @target && Capacity.plan(open_sim(workload, sim), target_rps: Float(@target), threads: threads, max_rps: chosen.rps,
                                                   processes: procs[:processes], utilization: @s[:target_utilization],
                                                   rng: Random.new(@s[:seed] + 2))
         )
         explain(result)
+        steadiness_note(result[:cpu_steadiness])
         result.merge(summary: summary(result))
+      end
+
+      # The open-loop figures replay the CPU's measured dips; say how unsteady
+      # it was, and warn when it lost a tenth of its speed often enough to
+      # move p99 near capacity.
+      def steadiness_note(st)
+        return unless st
+
+        @reasons << format("p50 and p99 under load replay this CPU's speed over %d busy 0.25 s steps " \
+                           "(%d %% of them below 90 %% of full speed, the slowest at %d %%)",
+                           st[:steps], (st[:below_0_9] * 100).round, (st[:min] * 100).round)
+        return unless st[:below_0_9] >= Steadiness::UNSTEADY
+
+        @warnings << format("the CPU is unsteady: %d %% of busy 0.25 s steps ran below 90 %% of full speed " \
+                            "(a shared or throttled CPU: hypervisor steal, a cgroup quota, other processes); " \
+                            "tails near capacity are longer than on a dedicated CPU", (st[:below_0_9] * 100).round)
       end
 
       # Ruby 3.1: take the model's estimate of the stall out of the waits,
@@ -174,7 +192,8 @@ module Serval
         return sim if n <= @s[:sim_requests]
 
         @open_sim ||= Simulation.new(workload.profiles(n, Random.new(@s[:seed])), quantum: quantum,
-                                                                                  handoff: @window.handoff)
+                                                                                  handoff: @window.handoff,
+                                                                                  speed: @window.cpu_speed)
       end
 
       def load_points(sim, threads, max_rps)

@@ -21,6 +21,15 @@ module Serval
     # - `handoff`: seconds the GVL stays free when it passes to a thread that
     #   was waiting for it (the releaser wakes it, the kernel schedules it),
     #   as the GVL hook measures them; capacity lost on every contended grant.
+    # - `speed` (open loop only): the CPU's measured speed, one figure per
+    #   SPEED_STEP seconds (Window#cpu_speed), replayed in a loop from a
+    #   random point: a CPU segment that starts at t lasts work / speed(t).
+    #   The figures are scaled so that 1 / speed averages 1: the measured
+    #   run times already contain the dips on average, so the replay keeps
+    #   the model's capacity and adds only their clustering in time, which
+    #   is what lengthens a queue's tail near capacity (a second at 60 %
+    #   speed leaves a backlog that the following requests wait behind).
+    #   Closed-loop throughput is a long-run mean and ignores it.
     # - `threads` request threads. Closed loop (#closed): as many clients as
     #   threads, no think time - the saturated throughput of that thread
     #   count. Open loop (#open): Poisson arrivals at `rate`; a request waits
@@ -37,6 +46,7 @@ module Serval
     # GVL releases, are also in time order.
     class Simulation
       QUANTUM = 0.1
+      SPEED_STEP = 0.25
 
       Result = Struct.new(:threads, :requests, :rps, :latency_p50, :latency_p99, :wall_p50, :wall_p99,
                           :stall_mean, :stall_p95, :stall_max, :pool_wait_mean, :queue_mean, :gvl_busy, keyword_init: true) do
@@ -47,7 +57,7 @@ module Serval
 
       ORDERS = %i[fifo random].freeze
 
-      def initialize(profiles, quantum: QUANTUM, pool: nil, order: :fifo, seed: 1, handoff: 0.0)
+      def initialize(profiles, quantum: QUANTUM, pool: nil, order: :fifo, seed: 1, handoff: 0.0, speed: nil)
         raise ArgumentError, "no request profiles" if profiles.empty?
         raise ArgumentError, "quantum must be > 0" unless quantum.positive?
         raise ArgumentError, "pool must be an Integer >= 1" unless pool.nil? || (pool.is_a?(Integer) && pool >= 1)
@@ -61,12 +71,14 @@ module Serval
         @pool = pool
         @handoff = Float(handoff)
         raise ArgumentError, "handoff must be >= 0" if @handoff.negative?
+
+        @speed = speed && normalized(speed)
       end
 
       # Saturated: `threads` clients, each sending its next request as soon
       # as the previous one is answered.
       def closed(threads)
-        play(check(threads), nil)
+        play(check(threads), nil, nil)
       end
 
       # Poisson arrivals at `rate` req/s (seeded by `rng`).
@@ -75,10 +87,19 @@ module Serval
 
         t = 0.0
         arrivals = Array.new(@profiles.size) { t += -Math.log(1.0 - rng.rand) / rate }
-        play(check(threads), arrivals)
+        offset = @speed ? rng.rand * @speed.size * SPEED_STEP : 0.0
+        play(check(threads), arrivals, offset)
       end
 
       private
+
+      def normalized(list)
+        speeds = list.map { |v| Float(v) }
+        raise ArgumentError, "speed is a non-empty Array of figures > 0" if speeds.empty? || !speeds.all?(&:positive?)
+
+        harmonic = speeds.size / speeds.sum { |v| 1.0 / v }
+        speeds.map { |v| v / harmonic }
+      end
 
       def check(threads)
         raise ArgumentError, "threads must be an Integer >= 1" unless threads.is_a?(Integer) && threads >= 1
@@ -86,7 +107,7 @@ module Serval
         threads
       end
 
-      def play(threads, arrivals)
+      def play(threads, arrivals, offset)
         n = @profiles.size
         inf = Float::INFINITY
         quantum = @quantum
@@ -106,6 +127,7 @@ module Serval
         gvl_free = 0.0
         busy = 0.0
         pick = @order == :random && Random.new(@seed)
+        speeds = offset && @speed
 
         threads.times do |i|
           break if nxt >= n
@@ -132,7 +154,9 @@ module Serval
           end
           start = gvl_free > t ? gvl_free + handoff : t
           stall[i] += start - t
-          c = rem[i]
+          c = rem[i] # work left; at speed sp it takes c / sp
+          sp = speeds ? speeds[((start + offset) / SPEED_STEP).floor % speeds.size] : 1.0
+          c /= sp if speeds
           if c > quantum
             ready[i] = inf
             other = ready.min
@@ -143,7 +167,7 @@ module Serval
               if cut < start + c
                 busy += cut - start
                 gvl_free = cut
-                rem[i] = c - (cut - start)
+                rem[i] = (c - (cut - start)) * sp
                 ready[i] = cut
                 next
               end

@@ -20,6 +20,8 @@ module Serval
     #     io_waits:    1,           # optional: idle periods per request, a mean (default 1)
     #     gvl_handoff: 2.0e-05,     # optional: seconds the GVL stays free per grant to a waiting thread
     #     processes:   1,           # optional: processes merged into this window (cluster)
+    #     cpu_speed:   [1.0, 0.97, 0.62, ...], # optional: the CPU's speed step by step (0.25 s), CPU time /
+    #                               # GVL time held, as ext/serval/steadiness.c measures it (Simulation)
     #     db_pools:    [{name: "primary", size: 5, ...}],  # optional, as in Server#stats
     #
     #     # Per-request figures, either paired records (preferred: keeps a
@@ -43,7 +45,7 @@ module Serval
       FIGURES = %i[run idle stall pool_wait queue wall cpu wait].freeze
 
       attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms, :processes,
-                  :handoff, :timeslice
+                  :handoff, :timeslice, :cpu_speed
 
       def initialize(hash)
         h = symbolize(hash)
@@ -61,6 +63,7 @@ module Serval
 
         @timeslice = h[:timeslice] && Float(h[:timeslice]) # fair_timeslice the server ran with; nil: Ruby's
         raise ArgumentError, "timeslice must be in (0, 1] seconds" if @timeslice && !(@timeslice > 0 && @timeslice <= 1)
+        @cpu_speed = speeds_of(h[:cpu_speed])
         @pools = Array(h[:db_pools]).map { |p| { name: p[:name].to_s, size: Integer(p[:size]) } }
         @samples = samples_of(h)
         @histograms = (h[:histograms] || {}).slice(*FIGURES).compact
@@ -118,6 +121,16 @@ module Serval
       end
 
       private
+
+      def speeds_of(list)
+        return nil if list.nil?
+        raise ArgumentError, "cpu_speed is an Array of speeds in (0, 1.5]" unless list.is_a?(Array)
+
+        speeds = list.map { |v| Float(v) }
+        raise ArgumentError, "cpu_speed is an Array of speeds in (0, 1.5]" unless speeds.all? { |v| v > 0 && v <= 1.5 }
+
+        speeds.empty? ? nil : speeds
+      end
 
       def samples_of(h)
         Array(h[:samples]).map do |s|

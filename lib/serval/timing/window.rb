@@ -10,7 +10,8 @@ module Serval
     # Serval::Advice::Window takes (see lib/serval/advice/window.rb):
     #
     #   { requests:, seconds:, max_threads:, gvl_split:, ruby:, io_waits:, gvl_handoff:, gvl_handoffs:,
-    #     db_pools:, samples: [{queue:, run:, idle:, stall:, pool_wait:, wall:, shape:}],
+    #     db_pools:, cpu_speed: [0.98, 1.0, 0.61, ...],
+    #     samples: [{queue:, run:, idle:, stall:, pool_wait:, wall:, shape:}],
     #     sampled_from:, histograms: {queue: {bounds:, counts:, sum:}, ...} }
     #
     # Reading costs the reader, never a request. Samples are drawn at one
@@ -27,14 +28,20 @@ module Serval
       FIGURES = %i[queue run idle stall pool_wait wall cpu].freeze
       CAP = WINDOW_BUCKETS * WINDOW_RESERVOIR # samples at most, one process or many
       DIGITS = 7 # samples rounded to 0.1 us: a smaller JSON answer
+      SPEED_MIN_BUSY = 0.25 # a step's GVL held at least this share of it counts for cpu_speed
+      SPEED_MIN_STEPS = 20  # fewer busy steps: no cpu_speed
+      SPEED_MIN = 0.05      # a step's speed is at least this (a stopped CPU is not infinitely slow)
+      SPEED_CAP = 1_000     # steps a merged window keeps
 
       module_function
 
       # now: monotonic seconds (tests inject it).
       # timeslice: seconds a request thread keeps the GVL from a waiting one
       # (fair_timeslice), nil for Ruby's own.
+      # steadiness: [step, [[at, held, cpu], ...]] as Native::GVL.steadiness
+      # gives it (tests inject it).
       def read(now: nil, max_threads: nil, db_pools: nil, gvl_split: Native::GVL.enabled?, rng: Random.new,
-               timeslice: nil)
+               timeslice: nil, steadiness: :native)
         seconds, bounds, buckets = Timing.window_buckets(now)
         requests = buckets.sum { |b| b[1] }
         split = buckets.sum { |b| b[2] }
@@ -51,6 +58,10 @@ module Serval
                    histograms: histograms(bounds, counts, sums) }
         window[:io_waits] = (buckets.sum { |b| b[3] }.to_f / split).round(3) if split.positive?
         handoff(window) if gvl_split
+        steadiness = native_steadiness if steadiness == :native
+        from = (now || Process.clock_gettime(Process::CLOCK_MONOTONIC)) - seconds
+        speeds = gvl_split && steadiness && cpu_speed(steadiness, from)
+        window[:cpu_speed] = speeds if speeds
         window[:db_pools] = db_pools if db_pools
         window[:timeslice] = timeslice if timeslice
         window
@@ -82,6 +93,8 @@ module Serval
           merged[:gvl_handoff] = (handed.sum { |w| w[:gvl_handoff] * w[:gvl_handoffs].to_i } / n).round(9)
           merged[:gvl_handoffs] = n
         end
+        speeds = windows.flat_map { |w| Array(w[:cpu_speed]) }
+        merged[:cpu_speed] = speeds.last(SPEED_CAP) if speeds.any?
         slices = windows.filter_map { |w| w[:timeslice] }
         merged[:timeslice] = slices.max if slices.any?
         pools = windows.flat_map { |w| w[:db_pools] || [] }
@@ -99,6 +112,24 @@ module Serval
         window[:gvl_handoff] = (g[3] / g[4] / 1e9).round(9)
         window[:gvl_handoffs] = g[4]
       end
+
+      # The CPU's speed as the GVL's holders saw it, step by step over the
+      # window (ext/serval/steadiness.c): CPU time / GVL time held, for the
+      # steps in which the GVL was held at least SPEED_MIN_BUSY of the time
+      # (in a quiet step a few short slices say little), oldest first, at
+      # most 1 (CPU used outside the GVL is not the holder's). nil without
+      # the hook or before SPEED_MIN_STEPS such steps since `from`.
+      def cpu_speed(steadiness, from)
+        step, steps = steadiness
+        speeds = steps.filter_map do |at, held, cpu|
+          next if at < from || held < SPEED_MIN_BUSY * step
+
+          (cpu / held).clamp(SPEED_MIN, 1.0).round(3)
+        end
+        speeds.size >= SPEED_MIN_STEPS ? speeds : nil
+      end
+
+      def native_steadiness = Native::GVL.respond_to?(:steadiness) ? Native::GVL.steadiness : nil
 
       # Groups of samples, each drawn from `from[i]` requests: the same share
       # of every group (the smallest any group holds), at most cap in all.

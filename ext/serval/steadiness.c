@@ -1,0 +1,140 @@
+/*
+ * CPU steadiness: how much of the time this process holds the GVL its
+ * holder is really on a CPU. A native thread ("serval-cpu") wakes every
+ * SV_STEADY_STEP_NS and, for every Ruby thread the GVL hook tracks
+ * (gvl.c's slots), reads the GVL time held in finished slices and the
+ * thread's CPU clock; one step is the sums of their increases. On a
+ * dedicated CPU a thread that holds the GVL runs, and cpu / held is 1;
+ * when the hypervisor takes the virtual CPU away, a cgroup quota throttles
+ * the process or other processes share its CPU, the holder keeps the GVL
+ * while it does not run and the ratio drops for that step. The advice
+ * model replays these ratios (lib/serval/advice/simulation.rb): dips
+ * clustered in time are what lengthens a queue's tail near capacity.
+ *
+ * Costs: one wake-up and 2 clock reads per Ruby thread every step, on a
+ * thread of its own; requests pay nothing. The last SV_STEADY_STEPS steps
+ * are kept. Started by Native::GVL.enable (Ruby 3.2+), again in a forked
+ * child. Linux: CPU clocks of other threads of the process.
+ */
+#define _GNU_SOURCE 1 /* pthread_setname_np; as ruby/config.h */
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <ruby.h>
+#include "serval_ruby.h"
+
+#define SV_STEADY_STEP_NS 250000000ull /* 0.25 s */
+#define SV_STEADY_STEPS 240            /* 60 s */
+
+typedef struct {
+    double at;                          /* monotonic seconds at the end of the step */
+    uint64_t held;                      /* GVL held, ns, by the threads probed */
+    uint64_t cpu;                       /* their CPU time, ns */
+} sv_steady_step;
+
+static sv_steady_step ring[SV_STEADY_STEPS];
+static uint64_t ring_n;                 /* steps written; guarded by mu */
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pid_t running_pid;               /* the process whose sampler runs */
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void *sampler(void *arg)
+{
+    static uint32_t claim[SV_GVL_SLOTS];
+    static uint64_t held[SV_GVL_SLOTS], cpu[SV_GVL_SLOTS];
+    static char known[SV_GVL_SLOTS];
+    (void)arg;
+    uint64_t next = mono_ns();
+    for (;;) {
+        next += SV_STEADY_STEP_NS;
+        uint64_t now = mono_ns();
+        if (next + SV_STEADY_STEP_NS < now)
+            next = now; /* fell behind by more than a step: the step just ends later */
+        struct timespec ts = {(time_t)(next / 1000000000ull), (long)(next % 1000000000ull)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0)
+            ;
+        uint64_t dh = 0, dc = 0;
+        for (int i = 0; i < SV_GVL_SLOTS; i++) {
+            uint32_t c;
+            uint64_t h, u;
+            if (!sv_gvl_probe(i, &c, &h, &u)) {
+                known[i] = 0;
+                continue;
+            }
+            if (known[i] && claim[i] == c && h >= held[i] && u >= cpu[i]) {
+                dh += h - held[i];
+                dc += u - cpu[i];
+            }
+            claim[i] = c;
+            held[i] = h;
+            cpu[i] = u;
+            known[i] = 1;
+        }
+        pthread_mutex_lock(&mu);
+        sv_steady_step *s = &ring[ring_n % SV_STEADY_STEPS];
+        s->at = (double)mono_ns() / 1e9;
+        s->held = dh;
+        s->cpu = dc;
+        ring_n++;
+        pthread_mutex_unlock(&mu);
+    }
+    return NULL;
+}
+
+/* Starts the sampler once per process (gvl.c, after the hook is added). In
+ * a forked child the parent's thread is gone and its steps are the
+ * parent's: both start over. */
+void sv_steadiness_start(void)
+{
+    pid_t pid = getpid();
+    if (running_pid == pid)
+        return;
+    pthread_mutex_init(&mu, NULL);
+    memset(ring, 0, sizeof(ring));
+    ring_n = 0;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t th;
+    if (pthread_create(&th, &attr, sampler, NULL) == 0) {
+        running_pid = pid;
+        pthread_setname_np(th, "serval-cpu");
+    }
+    pthread_attr_destroy(&attr);
+}
+
+/* Native::GVL.steadiness -> [step seconds, [[at, held, cpu], ...] oldest
+ * first, seconds], the last SV_STEADY_STEPS steps; no steps before
+ * Native::GVL.enable in this process. */
+static VALUE steadiness(VALUE mod)
+{
+    sv_steady_step copy[SV_STEADY_STEPS];
+    uint64_t n = 0;
+    if (running_pid == getpid()) {
+        pthread_mutex_lock(&mu);
+        memcpy(copy, ring, sizeof(copy));
+        n = ring_n;
+        pthread_mutex_unlock(&mu);
+    }
+    uint64_t from = n > SV_STEADY_STEPS ? n - SV_STEADY_STEPS : 0;
+    VALUE steps = rb_ary_new_capa((long)(n - from));
+    for (uint64_t k = from; k < n; k++) {
+        sv_steady_step *s = &copy[k % SV_STEADY_STEPS];
+        rb_ary_push(steps, rb_ary_new_from_args(3, DBL2NUM(s->at), DBL2NUM((double)s->held / 1e9),
+                                                DBL2NUM((double)s->cpu / 1e9)));
+    }
+    return rb_ary_new_from_args(2, DBL2NUM((double)SV_STEADY_STEP_NS / 1e9), steps);
+}
+
+void sv_init_steadiness(VALUE mGVL)
+{
+    rb_define_singleton_method(mGVL, "steadiness", steadiness, 0);
+}
