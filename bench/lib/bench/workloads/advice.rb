@@ -106,12 +106,15 @@ module Bench
         rps_err = threads && (advice["max_rps_per_process"] / best) - 1
         p99_ok = open.all? { |o| o["p99_err"] && o["p99_err"].abs <= 0.25 }
         ok = threads && (threads - knee).abs <= 1 && rps_err.abs <= 0.10 && p99_ok && !open.empty?
+        own_ok = !open.empty? && open.all? { |o| o["own_p99_err"] && o["own_p99_err"].abs <= 0.25 }
         ctx.log format("advice: cpu %.2f advised %s knee %d predicted %.1f best %.1f", share, threads.inspect, knee,
                        advice["max_rps_per_process"].to_f, best)
         { "share" => share, "advice" => advice.slice("source", "threads", "knee", "cpu_share", "max_rps_per_process",
-                                                     "requests", "warnings", "workload", "stall", "measured"),
+                                                     "requests", "warnings", "workload", "stall", "measured",
+                                                     "cpu_steadiness"),
           "advised_threads" => threads, "knee" => knee, "best_rps" => best, "predicted_rps" => advice["max_rps_per_process"],
-          "rps_err" => rps_err, "sweep" => sweep, "open_loop" => open, "ok" => ok ? true : false }
+          "rps_err" => rps_err, "sweep" => sweep, "open_loop" => open, "ok" => ok ? true : false,
+          "own_p99_ok" => own_ok }
       end
 
       # Serval at the window's thread count under load, then its advice.
@@ -183,6 +186,11 @@ module Bench
           runs = Array.new(rounds) { |round| open_run(server, share, db_path, threads, rate, round + 1) }
           predicted = point["latency_p99"] * 1e3
           pooled = runs.flat_map { |m| m["latencies_ms"] }.sort
+          owns = runs.filter_map { |m| m["own"] && m["own"]["p99_ms"] }
+          # the model from each run's own window against the same runs, both
+          # as the mean of the runs' p99s (one prediction per run)
+          own_p99 = owns.size == runs.size ? owns.sum / owns.size : nil
+          run_mean = runs.sum { |m| m["p99_ms"].to_f } / runs.size
           p99 = Util.percentile(pooled, 0.99)
           p50 = Util.percentile(pooled, 0.5)
           ctx.log format("advice: cpu %.2f open loop %.1f req/s (%s) at %d threads: p99 %.1f ms pooled, runs %s (predicted %.1f at %.1f req/s)",
@@ -195,6 +203,9 @@ module Bench
             "p99_median_of_runs_ms" => median(runs.map { |m| m["p99_ms"] }),
             "completed" => runs.sum { |m| m["completed"].to_i }, "errors" => runs.sum { |m| m["errors"].to_i },
             "late" => runs.sum { |m| m["late"].to_i }, "p99_err" => p99 && ((predicted / p99) - 1),
+            "own_predicted_p99_ms" => own_p99, "own_measured_p99_ms" => own_p99 && run_mean,
+            "own_p99_err" => own_p99 && ((own_p99 / run_mean) - 1),
+            "own" => runs.map { |m| m["own"] },
             "command" => runs.first["command"] }
         end
       end
@@ -258,8 +269,19 @@ module Bench
           "command" => runs.first["command"] }
       end
 
+      # One open-loop run on a fresh server, and the model's p50 / p99 at the
+      # run's rate from the window that server recorded during the run
+      # (control app GET /window at its end): the model given the requests
+      # as this process ran them. The advice's own prediction comes from
+      # another process minutes earlier, and on this machine one process's
+      # mean run time differs from the next one's by up to 10 % (13.7 /
+      # 15.2 ms at 70 % CPU, 2026-11-26), which near capacity moves p99 by
+      # half: `own_*` separates the model's error from that drift.
       def open_run(server, share, db_path, threads, rate, seed)
-        with_db_server(server, db_path, threads) do |proc|
+        control_port = Util.free_port
+        token = AdviceSource.token
+        extra = ["--control-url", "tcp://127.0.0.1:#{control_port}", "--control-token", token]
+        with_db_server(server, db_path, threads, extra: extra) do |proc|
           url = "http://127.0.0.1:#{proc.port}#{path(share)}"
           argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), "--url", url,
                                  "--rate", rate.round(3).to_s, "--duration", open_seconds.to_s, "--warmup", "2",
@@ -267,13 +289,38 @@ module Bench
           status, out, timed_out = Util.capture(argv, timeout: open_seconds + 60)
           raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
 
-          JSON.parse(out.lines.last).merge("command" => argv.join(" ").gsub(/127\.0\.0\.1:\d+/, "127.0.0.1:PORT"))
+          run = JSON.parse(out.lines.last).merge("command" => argv.join(" ").gsub(/127\.0\.0\.1:\d+/, "127.0.0.1:PORT"))
+          own = own_prediction(AdviceSource.window(control_port, token), rate)
+          ctx.log format("advice: cpu %.2f run %d at %.1f req/s: p99 %.1f ms; the model from this run's window: %s", share,
+                         seed, rate, run["p99_ms"].to_f, own ? format("p99 %.1f ms (max %.1f req/s)", own["p99_ms"], own["max_rps"]) : "-")
+          run.merge("own" => own)
         end
       end
 
-      def with_db_server(server, db_path, threads)
+      # The model's open-loop point at `rate` from one run's window (the
+      # threads the run had; CPU as the bench pins it). nil without a window.
+      # A 20 s run at half load on 70 % CPU holds ~770 requests, under the
+      # advice's 1,000: the check asks for OWN_MIN_REQUESTS.
+      OWN_MIN_REQUESTS = 300
+
+      def own_prediction(window, rate)
+        return nil unless window && window["requests"].to_i.positive?
+
+        machine = { cpus: 1.0, cpu_source: "taskset -c #{ctx.server_cpu}" }
+        opts = { machine: machine, min_requests: OWN_MIN_REQUESTS }
+        max = Serval::Advice.recommend(window, load_points: [], **opts)[:max_rps_per_process]
+        return nil unless max&.positive?
+
+        point = Serval::Advice.recommend(window, load_points: [rate / max], **opts)[:load]&.first
+        point && { "p50_ms" => point[:latency_p50] * 1e3, "p99_ms" => point[:latency_p99] * 1e3, "max_rps" => max,
+                   "load" => rate / max, "cpu_speed_steps" => Array(window["cpu_speed"]).size }
+      rescue ArgumentError
+        nil
+      end
+
+      def with_db_server(server, db_path, threads, extra: [])
         proc = AdviceServer.new(server, app: app_path("advice.ru"), port: Util.free_port, threads: threads,
-                                db: db_path).start
+                                db: db_path, extra: extra).start
         proc.wait_ready(path: "/")
         yield proc
       ensure
@@ -286,22 +333,35 @@ module Bench
 
       def table(result)
         rows = [["CPU share", "measured share", "advised threads", "knee", "predicted req/s", "best req/s", "err",
-                 "p99 @50 % pred / meas", "err", "p99 @80 % pred / meas", "err", "ok"]]
+                 "p99 @50 % pred / meas", "err", "p99 @80 % pred / meas", "err", "ok",
+                 "runs' own windows: p99 @50 %", "@80 %"]]
         notes = []
         result.dig("servers", "serval", "shares").to_a.each do |s|
           a = s["advice"]
           o50, o80 = s["open_loop"].values_at(0, 1)
           p99 = ->(o) { o ? format("%.0f / %.0f ms", o["predicted_p99_ms"], o["p99_ms"].to_f) : "-" }
+          own = lambda do |o|
+            next "-" unless o && o["own_p99_err"]
+
+            format("%.0f / %.0f ms %s", o["own_predicted_p99_ms"], o["own_measured_p99_ms"], pct(o["own_p99_err"]))
+          end
           rows << ["#{(s['share'] * 100).round} %", a["cpu_share"] ? format("%.2f", a["cpu_share"]) : "-",
                    s["advised_threads"].inspect, s["knee"].to_s, fmt_rps(s["predicted_rps"]), fmt_rps(s["best_rps"]),
                    pct(s["rps_err"]), p99.call(o50), pct(o50&.fetch("p99_err")), p99.call(o80),
-                   pct(o80&.fetch("p99_err")), s["ok"] ? "yes" : "no"]
+                   pct(o80&.fetch("p99_err")), s["ok"] ? "yes" : "no", own.call(o50), own.call(o80)]
+          if (st = a["cpu_steadiness"])
+            notes << format("%d %% CPU steadiness in the advice's window (the model replays it open loop): %d busy " \
+                            "0.25 s steps, %.0f %% below 90 %% speed, p10 %.2f, slowest %.2f", (s["share"] * 100).round,
+                            st["steps"], st["below_0_9"] * 100, st["p10"], st["min"])
+          end
           notes << "#{(s['share'] * 100).round} % sweep (threads: measured median / model req/s): " +
                    s["sweep"].map { |r| format("%d: %s / %s", r["threads"], fmt_rps(r["rps"]), fmt_rps(r["model_rps"])) }.join(", ")
         end
         notes << "knee = fewest threads with >= 95 % of the sweep's best median req/s (wrk -c = threads); err = predicted / measured - 1; " \
                  "p99 measured open loop (Poisson arrivals, latency from the scheduled send time, #{rounds} runs pooled) at the advised threads, " \
                  "#{basis_note}"
+        notes << "runs' own windows: the model's p99 at each run's rate from the window that run's server recorded " \
+                 "(GET /window at its end), mean of the runs' predictions / mean of the runs' measured p99s"
         notes << "advice from: #{result.dig('servers', 'serval', 'shares', 0, 'advice', 'source')}; #{DB_CPU_NOTE} (CPU #{ctx.client_cpu})"
         [rows, notes]
       end
