@@ -35,7 +35,8 @@ module Serval
       quantum: Simulation::QUANTUM,
       memory_headroom: 0.2,     # share of the memory budget left free
       target_utilization: 0.8,  # capacity plans run each process at this share of its max req/s
-      load_points: [0.5, 0.8]   # open-loop p50/p99 predicted at these shares of max req/s
+      load_points: [0.5, 0.8],  # open-loop p50/p99 predicted at these shares of max req/s
+      precision: true           # also max req/s and p99 at the top load point for the window's sampling error
     }.freeze
 
     # See Recommender#call for the result's shape.

@@ -47,7 +47,9 @@ module Serval
     def check
       window = @launcher.window or return nil
       require "serval/advice/local"
-      advice = Advice::Local.recommend(window, stats: @launcher.stats, runner: @runner, **@settings)
+      # only the decision is logged: no latency figures, no precision runs
+      advice = Advice::Local.recommend(window, stats: @launcher.stats, runner: @runner, load_points: [], precision: false,
+                                               **@settings)
       return nil unless advice[:enough_data]
 
       decision = advice.values_at(:threads, :processes)

@@ -261,6 +261,29 @@ class AdviceRecommenderTest < Minitest::Test
     assert_raises(ArgumentError) { advise(win.merge(cpu_speed: [1.0, -0.5])) }
   end
 
+  # The window's sampling error: the same model with the mean GVL time per
+  # request at the ends of its 95 % interval brackets the answer.
+  def test_precision_brackets_max_rps_and_p99
+    win = window(self.class.samples(0.014, 0.006, n: 1500))
+    a = advise(win)
+    pr = a[:precision]
+    assert_equal 1500, pr[:samples]
+    assert_in_delta 1.96 / Math.sqrt(1500), pr[:run_mean_within], 0.01, "exponential run times: sd = mean"
+    lo, hi = pr[:max_rps_range]
+    assert_operator lo, :<, a[:max_rps_per_process]
+    assert_operator hi, :>, a[:max_rps_per_process]
+    top = a[:load].max_by { |l| l[:load] }
+    assert_equal top[:load], pr[:load][:load]
+    fast, slow = pr[:load][:latency_p99_range]
+    assert_operator fast, :<, top[:latency_p99]
+    assert_operator slow, :>, top[:latency_p99]
+    assert_operator slow / fast, :>, hi / lo, "near capacity p99 moves more than max req/s"
+    assert(a[:reasons].any? { |r| r.start_with?("from 1,500 sampled requests") }, a[:reasons].inspect)
+    more = advise(window(self.class.samples(0.014, 0.006, n: 6000)))[:precision]
+    assert_in_delta pr[:run_mean_within] / 2, more[:run_mean_within], 0.006, "four times the samples, half the interval"
+    assert_nil advise(win, precision: false)[:precision]
+  end
+
   def test_same_window_same_advice_and_string_keys
     samples = self.class.samples(0.007, 0.013)
     a = advise(window(samples))

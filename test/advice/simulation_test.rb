@@ -165,4 +165,11 @@ class AdviceSimulationTest < Minitest::Test
     assert_raises(ArgumentError) { sim([0.01], [0.01], speed: []) }
     assert_raises(ArgumentError) { sim([0.01], [0.01], speed: [1.0, 0.0]) }
   end
+
+  def test_scaled_lengthens_every_cpu_segment
+    s = sim(exp(0.014, 1), exp(0.006, 2))
+    assert_equal s.closed(3).to_h, s.scaled(1.0).closed(3).to_h
+    assert_in_delta s.closed(3).rps / 1.1, s.scaled(1.1).closed(3).rps, s.closed(3).rps * 0.02, "GVL-bound: req/s ~ 1 / CPU"
+    assert_raises(ArgumentError) { s.scaled(0) }
+  end
 end

@@ -16,6 +16,10 @@ module Serval
     #   stall                predicted mean and p95 GVL stall per request at `threads`, saturated
     #   sweep                one row per thread count: rps, gain, stall, wall p50/p99
     #   load                 open-loop latency at DEFAULTS[:load_points] of max req/s
+    #   precision            {samples:, run_mean_within:, max_rps_range:, load: {load:, rate:,
+    #                        latency_p99_range:}}: the same figures with the window's mean GVL time
+    #                        per request at the ends of its 95 % interval (nil: precision: false,
+    #                        fewer than 30 samples, histograms only)
     #   amdahl, gvl_ceiling  the articles' two rules, for explanation
     #   pool, database, machine, capacity (with target_rps), measured
     #   reasons, warnings    Arrays of sentences; summary: one line for the log
@@ -104,6 +108,7 @@ module Serval
                       io_waits: workload.io_waits, samples: @window.measured,
                       estimated_stall: @estimated_stall&.round(6) },
           sweep: sweep.table, load: load_points(open_sim(workload, sim), threads, chosen.rps),
+          precision: precision(workload, sim, threads, chosen.rps),
           amdahl: { io_share: (1 - share).round(4), pick: Amdahl.pick(1 - share),
                     table: Amdahl.table(1 - share, max: sweep.rows.size) },
           gvl_ceiling: GvlCeiling.call(workload.mean_run, workload.mean_io),
@@ -200,6 +205,41 @@ module Serval
         @s[:load_points].map do |f|
           Capacity.at(sim, threads: threads, rate: f * max_rps, rng: Random.new(@s[:seed] + 1)).merge(load: f)
         end
+      end
+
+      # How much the window's own sampling leaves open: its sampled requests
+      # give the mean GVL time per request to within 1.96 x sd / mean /
+      # sqrt(n) (95 %; exponential times of 1,500 requests: +-5 %). The
+      # model is run again with every CPU segment that much longer and
+      # shorter: max req/s at the advised threads, and p99 at the highest
+      # load point's *rate* (the same arrivals, a process a little slower
+      # or faster), which near capacity moves far more than max req/s.
+      # nil with fewer than 30 samples (or histograms only).
+      def precision(workload, sim, threads, max_rps)
+        return nil unless @s[:precision]
+
+        runs = @window.samples.filter_map { |s| s[:run] || s[:cpu] }.map { |v| Float(v) }
+        return nil if runs.size < 30
+
+        mean = runs.sum / runs.size
+        return nil unless mean.positive?
+
+        sd = Math.sqrt(runs.sum { |v| (v - mean)**2 } / (runs.size - 1))
+        k = [1.96 * sd / mean / Math.sqrt(runs.size), 0.5].min
+        top = @s[:load_points].max
+        slow, fast = [1 + k, 1 - k].map do |f|
+          { max: sim.scaled(f).closed(threads).rps,
+            p99: top && open_sim(workload, sim).scaled(f).open(threads, rate: top * max_rps, rng: Random.new(@s[:seed] + 1)).latency_p99 }
+        end
+        out = { samples: runs.size, run_mean_within: k.round(4), max_rps_range: [slow[:max].round(2), fast[:max].round(2)] }
+        msg = format("from %s sampled requests the mean GVL time per request is known to +-%.1f %% (95 %%): max req/s %.1f-%.1f",
+                     runs.size.to_s.reverse.scan(/\d{1,3}/).join(",").reverse, 100 * k, slow[:max], fast[:max])
+        if top
+          out[:load] = { load: top, rate: (top * max_rps).round(2), latency_p99_range: [fast[:p99].round(6), slow[:p99].round(6)] }
+          msg += format(", p99 at %d %% load %.0f-%.0f ms", (100 * top).round, fast[:p99] * 1e3, slow[:p99] * 1e3)
+        end
+        @reasons << msg
+        out
       end
 
       # What the window itself says at the running thread count, and the

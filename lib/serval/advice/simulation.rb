@@ -30,6 +30,8 @@ module Serval
     #   is what lengthens a queue's tail near capacity (a second at 60 %
     #   speed leaves a backlog that the following requests wait behind).
     #   Closed-loop throughput is a long-run mean and ignores it.
+    # - `scale`: every CPU segment that many times as long (what if the
+    #   requests computed a little more or less: Recommender#precision).
     # - `threads` request threads. Closed loop (#closed): as many clients as
     #   threads, no think time - the saturated throughput of that thread
     #   count. Open loop (#open): Poisson arrivals at `rate`; a request waits
@@ -57,7 +59,7 @@ module Serval
 
       ORDERS = %i[fifo random].freeze
 
-      def initialize(profiles, quantum: QUANTUM, pool: nil, order: :fifo, seed: 1, handoff: 0.0, speed: nil)
+      def initialize(profiles, quantum: QUANTUM, pool: nil, order: :fifo, seed: 1, handoff: 0.0, speed: nil, scale: 1.0)
         raise ArgumentError, "no request profiles" if profiles.empty?
         raise ArgumentError, "quantum must be > 0" unless quantum.positive?
         raise ArgumentError, "pool must be an Integer >= 1" unless pool.nil? || (pool.is_a?(Integer) && pool >= 1)
@@ -73,7 +75,14 @@ module Serval
         raise ArgumentError, "handoff must be >= 0" if @handoff.negative?
 
         @speed = speed && normalized(speed)
+        @scale = Float(scale)
+        raise ArgumentError, "scale must be > 0" unless @scale.positive?
+
+        @options = { quantum: quantum, pool: pool, order: order, seed: seed, handoff: handoff, speed: speed }
       end
+
+      # The same requests with every CPU segment `factor` times as long.
+      def scaled(factor) = Simulation.new(@profiles, **@options, scale: @scale * factor)
 
       # Saturated: `threads` clients, each sending its next request as soon
       # as the previous one is answered.
@@ -128,13 +137,14 @@ module Serval
         busy = 0.0
         pick = @order == :random && Random.new(@seed)
         speeds = offset && @speed
+        scale = @scale
 
         threads.times do |i|
           break if nxt >= n
 
           arr = arrivals ? arrivals[nxt] : 0.0
           prof[i] = @profiles[nxt]
-          rem[i] = prof[i][0]
+          rem[i] = prof[i][0] * scale
           arrived[i] = began[i] = ready[i] = arr
           nxt += 1
         end
@@ -189,7 +199,7 @@ module Serval
               prof[i] = p = @profiles[nxt]
               nxt += 1
               seg[i] = 0
-              rem[i] = p[0]
+              rem[i] = p[0] * scale
               arrived[i] = arr
               began[i] = ready[i] = arr > gvl_free ? arr : gvl_free
               stall[i] = pwait[i] = 0.0
@@ -208,7 +218,7 @@ module Serval
               ready[i] = gvl_free + io
             end
             seg[i] = s + 1
-            rem[i] = p[s + 1]
+            rem[i] = p[s + 1] * scale
           end
         end
         summarize(threads, finished, out, busy)

@@ -50,9 +50,12 @@ module Serval
           out << format("  predicted GVL stall at %d threads, saturated: mean %s, p95 %s", a[:threads], ms(st[:mean]),
                         ms(st[:p95]))
         end
+        top = a.dig(:precision, :load)
         Array(a[:load]).each do |l|
-          out << format("  at %d %% of max (%.1f req/s): p50 %s, p99 %s", (100 * l[:load]).round, l[:rate],
-                        ms(l[:latency_p50]), ms(l[:latency_p99]))
+          range = top && top[:load] == l[:load] ? top[:latency_p99_range] : nil
+          out << format("  at %d %% of max (%.1f req/s): p50 %s, p99 %s%s", (100 * l[:load]).round, l[:rate],
+                        ms(l[:latency_p50]), ms(l[:latency_p99]),
+                        range ? " (#{ms(range[0])} - #{ms(range[1])} within the window's precision)" : "")
         end
         out.concat(database(a[:database])) if a[:database]
         out.concat(capacity(a[:capacity])) if a[:capacity]

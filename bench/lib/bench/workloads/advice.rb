@@ -230,8 +230,9 @@ module Bench
         window = @windows[share] or return nil
         machine = { cpus: 1.0, cpu_source: "taskset -c #{ctx.server_cpu}" }
         @model_max ||= {}
-        max = @model_max[share] ||= Serval::Advice.recommend(window, machine: machine, load_points: [])[:max_rps_per_process]
-        again = Serval::Advice.recommend(window, machine: machine, load_points: [rate / max])
+        max = @model_max[share] ||= Serval::Advice.recommend(window, machine: machine, load_points: [],
+                                                                     precision: false)[:max_rps_per_process]
+        again = Serval::Advice.recommend(window, machine: machine, load_points: [rate / max], precision: false)
         unless again[:threads] == advice["threads"]
           ctx.log format("advice: cpu %.2f the window read after /advice gives %s threads (the advice %s); p99 at %.1f req/s " \
                          "is the model's at %s", share, again[:threads].inspect, advice["threads"].inspect, rate,
@@ -307,7 +308,7 @@ module Bench
         return nil unless window && window["requests"].to_i.positive?
 
         machine = { cpus: 1.0, cpu_source: "taskset -c #{ctx.server_cpu}" }
-        opts = { machine: machine, min_requests: OWN_MIN_REQUESTS }
+        opts = { machine: machine, min_requests: OWN_MIN_REQUESTS, precision: false }
         max = Serval::Advice.recommend(window, load_points: [], **opts)[:max_rps_per_process]
         return nil unless max&.positive?
 
