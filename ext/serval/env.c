@@ -12,6 +12,12 @@
 enum { E_METHOD, E_PATH, E_QUERY, E_URI, E_PROTO, E_REMOTE, E_NAME, E_PORT, E_HIJACK, E_FINISHED, E_AFTER, E_SLOTS };
 static VALUE slot_keys[E_SLOTS];
 
+/* REQUEST_METHOD: an interned String; the common methods without a lookup
+ * in Ruby's table of interned strings (method_str). */
+static const char *common_methods[] = {"GET", "POST", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", NULL};
+#define SV_METHODS 8
+static VALUE method_keys[SV_METHODS];
+
 static VALUE k_ctype, k_clen, k_cookie, k_xrs, k_xqs, k_upgrade, k_protocol, v_http10, v_http11, k_scheme, k_https,
     v_https, v_on, re_list;
 
@@ -63,6 +69,8 @@ void sv_init_env(void)
     };
     for (int i = 0; i < E_SLOTS; i++)
         slot_keys[i] = fstr(slot_names[i]);
+    for (int i = 0; common_methods[i]; i++)
+        method_keys[i] = fstr(common_methods[i]);
     k_ctype = fstr("CONTENT_TYPE");
     k_clen = fstr("CONTENT_LENGTH");
     k_cookie = fstr("HTTP_COOKIE");
@@ -115,6 +123,16 @@ static VALUE header_key(const char *name, size_t len)
 static VALUE bin(const char *p, size_t n)
 {
     return rb_str_new(p ? p : "", (long)n);
+}
+
+
+/* REQUEST_METHOD's value */
+static VALUE method_str(const char *m, size_t n)
+{
+    for (int i = 0; common_methods[i]; i++)
+        if (strlen(common_methods[i]) == n && memcmp(common_methods[i], m, n) == 0)
+            return method_keys[i];
+    return rb_enc_interned_str(m, (long)n, rb_utf8_encoding());
 }
 
 /* st_update callback for one header field: a new key takes the String made
@@ -240,7 +258,7 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE 
     f.pending = 0;
     /* every value is made before the table is touched: the fill below must
      * not allocate (a GC in the middle of an st iteration) */
-    f.val[E_METHOD] = rb_enc_interned_str(r->method, (long)r->method_len, rb_utf8_encoding());
+    f.val[E_METHOD] = method_str(r->method, r->method_len);
     f.val[E_PATH] = bin(r->path, r->path_len);
     f.val[E_QUERY] = bin(r->query, r->query_len);
     f.val[E_URI] = bin(r->target, r->target_len);

@@ -57,10 +57,37 @@ static void check_value(const char *p, long n)
 static void emit_line(head_ctx *x, const char *name, long nlen, const char *val, long vlen)
 {
     check_value(val, vlen);
-    out(x->c, name, (size_t)nlen);
-    out(x->c, ": ", 2);
-    out(x->c, val, (size_t)vlen);
-    out(x->c, "\r\n", 2);
+    sv_buf *b = &x->c->out;
+    size_t n = (size_t)nlen + 2 + (size_t)vlen + 2;
+    if (sv_buf_reserve(b, n, SV_HEAD_LIMIT) != 0)
+        rb_raise(rb_eNoMemError, "response head too large");
+    char *p = b->data + b->len;
+    memcpy(p, name, (size_t)nlen);
+    p += nlen;
+    *p++ = ':';
+    *p++ = ' ';
+    memcpy(p, val, (size_t)vlen);
+    p += vlen;
+    *p++ = '\r';
+    *p++ = '\n';
+    b->len += n;
+}
+
+/* "HTTP/1.1 200 OK\r\n" (no snprintf: Ruby's, which ruby.h puts in its
+ * place, costs more than the rest of the status line). */
+static void status_line(sv_conn *c, int code)
+{
+    const char *phrase = sv_reason_phrase(code);
+    size_t plen = strlen(phrase);
+    char line[16];
+    memcpy(line, "HTTP/1.1 ", 9);
+    line[9] = (char)('0' + code / 100);
+    line[10] = (char)('0' + code / 10 % 10);
+    line[11] = (char)('0' + code % 10);
+    line[12] = ' ';
+    out(c, line, 13);
+    out(c, phrase, plen);
+    out(c, "\r\n", 2);
 }
 
 /* A String value may carry several lines (Rack 2 style). */
@@ -196,8 +223,8 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int fla
     head_ctx x = {c, 0, 0, 0, 0, 0, -1, Qnil};
     size_t mark = c->out.len;
     char line[64];
-    int n = snprintf(line, sizeof(line), "HTTP/1.1 %d %s\r\n", code, sv_reason_phrase(code));
-    out(c, line, (size_t)n);
+    int n;
+    status_line(c, code);
     if (!NIL_P(headers)) {
         if (!RB_TYPE_P(headers, T_HASH))
             headers = rb_convert_type(headers, T_HASH, "Hash", "to_hash");

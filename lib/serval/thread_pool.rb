@@ -134,7 +134,7 @@ module Serval
 
           next
         end
-        grow if @core.waiting.zero?
+        grow if @core.waiting.zero? && @threads.size < limit # unlocked pre-check: grow decides locked
         @busy += 1
         begin
           @handler.call(request)
