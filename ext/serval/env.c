@@ -12,6 +12,38 @@
 enum { E_METHOD, E_PATH, E_QUERY, E_URI, E_PROTO, E_REMOTE, E_NAME, E_PORT, E_HIJACK, E_FINISHED, E_AFTER, E_SLOTS };
 static VALUE slot_keys[E_SLOTS];
 
+/* Which slot a key is, by its address (the slot keys are pinned: rb_gc_mark
+ * through rb_gc_register_mark_object): open addressing, SV_SLOT_TABLE
+ * entries for E_SLOTS keys, so a template key that is no slot usually
+ * costs one probe. */
+#define SV_SLOT_TABLE 64
+static struct {
+    VALUE key;
+    int slot;
+} slot_table[SV_SLOT_TABLE];
+
+static unsigned slot_hash(VALUE key)
+{
+    return (unsigned)((key >> 3) ^ (key >> 9)) & (SV_SLOT_TABLE - 1);
+}
+
+static void slot_table_add(VALUE key, int slot)
+{
+    unsigned i = slot_hash(key);
+    while (slot_table[i].key)
+        i = (i + 1) & (SV_SLOT_TABLE - 1);
+    slot_table[i].key = key;
+    slot_table[i].slot = slot;
+}
+
+static int slot_of(VALUE key)
+{
+    for (unsigned i = slot_hash(key); slot_table[i].key; i = (i + 1) & (SV_SLOT_TABLE - 1))
+        if (slot_table[i].key == key)
+            return slot_table[i].slot;
+    return -1;
+}
+
 /* REQUEST_METHOD: an interned String; the common methods without a lookup
  * in Ruby's table of interned strings (method_str). */
 static const char *common_methods[] = {"GET", "POST", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", NULL};
@@ -67,8 +99,10 @@ void sv_init_env(void)
         [E_NAME] = "SERVER_NAME", [E_PORT] = "SERVER_PORT", [E_HIJACK] = "rack.hijack",
         [E_FINISHED] = "rack.response_finished", [E_AFTER] = "rack.after_reply",
     };
-    for (int i = 0; i < E_SLOTS; i++)
+    for (int i = 0; i < E_SLOTS; i++) {
         slot_keys[i] = fstr(slot_names[i]);
+        slot_table_add(slot_keys[i], i);
+    }
     for (int i = 0; common_methods[i]; i++)
         method_keys[i] = fstr(common_methods[i]);
     k_ctype = fstr("CONTENT_TYPE");
@@ -216,7 +250,6 @@ static void server_name(sv_conn *c, VALUE *name, VALUE *port)
  * added by rb_hash_aset afterwards, so the result never depends on it. */
 
 typedef struct {
-    VALUE key[E_SLOTS];
     VALUE val[E_SLOTS];
     unsigned filled;           /* bit i: val[i] is in the table */
     int pending;               /* the slot the replace callback fills */
@@ -227,13 +260,11 @@ static int fill_check(st_data_t key, st_data_t value, st_data_t arg, int error)
     env_fill *f = (env_fill *)arg;
     if (error)
         return ST_STOP;
-    for (int i = 0; i < E_SLOTS; i++) {
-        if ((VALUE)key == f->key[i] && !(f->filled & (1u << i))) {
-            f->pending = i;
-            return ST_REPLACE;
-        }
-    }
-    return ST_CONTINUE;
+    int i = slot_of((VALUE)key);
+    if (i < 0 || (f->filled & (1u << i)))
+        return ST_CONTINUE;
+    f->pending = i;
+    return ST_REPLACE;
 }
 
 static int fill_replace(st_data_t *key, st_data_t *value, st_data_t arg, int existing)
@@ -253,7 +284,6 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE 
 {
     const sv_request *r = c->req;
     env_fill f;
-    memcpy(f.key, slot_keys, sizeof(slot_keys));
     f.filled = 0;
     f.pending = 0;
     /* every value is made before the table is touched: the fill below must
@@ -275,7 +305,7 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE 
     st_foreach_with_replace(tbl, fill_check, fill_replace, (st_data_t)&f);
     for (int i = 0; i < E_SLOTS; i++)
         if (!(f.filled & (1u << i)))
-            rb_hash_aset(env, f.key[i], f.val[i]);
+            rb_hash_aset(env, slot_keys[i], f.val[i]);
     if (c->tls) {
         rb_hash_aset(env, k_scheme, v_https);
         rb_hash_aset(env, k_https, v_on);

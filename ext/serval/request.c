@@ -50,17 +50,19 @@ static void req_free(void *p)
     xfree(r);
 }
 
+/* Write-barrier protected (every VALUE field is stored with RB_OBJ_WRITE):
+ * an unprotected type takes the GC's slow allocation path, per request. */
 static const rb_data_type_t req_type = {
     "Serval::Native::Request",
     {req_mark, req_free, NULL},
-    NULL, NULL, 0,
+    NULL, NULL, RUBY_TYPED_WB_PROTECTED,
 };
 
 VALUE sv_request_new(VALUE core_obj, sv_core *core, sv_conn *conn)
 {
     sv_req *r;
     VALUE obj = TypedData_Make_Struct(sv_cRequest, sv_req, &req_type, r);
-    r->core_obj = core_obj;
+    RB_OBJ_WRITE(obj, &r->core_obj, core_obj);
     r->core = core;
     sv_core_ref(core);
     r->conn = conn;
@@ -487,7 +489,7 @@ static VALUE req_timing_begin(VALUE self, VALUE env, VALUE every)
     int detailed = n > 0 && ++sample_n % n == 0;
     double queued_at = r->conn ? r->conn->queued_at : 0.0;
     if (detailed) {
-        r->tm_obj = sv_timing_new(&r->tm_cur);
+        RB_OBJ_WRITE(self, &r->tm_obj, sv_timing_new(&r->tm_cur));
         rb_hash_aset(env, sv_timing_env_key(), r->tm_obj);
     } else {
         r->tm_cur = &r->tm;
