@@ -41,13 +41,50 @@ static int charge(sv_buf *b, size_t delta, size_t budget)
     return 0;
 }
 
+void sv_pool_init(sv_pool *p, size_t size)
+{
+    pthread_mutex_init(&p->mu, NULL);
+    p->size = size;
+    p->n = 0;
+}
+
+void sv_pool_destroy(sv_pool *p)
+{
+    while (p->n > 0)
+        free(p->items[--p->n]);
+    pthread_mutex_destroy(&p->mu);
+}
+
+void *sv_pool_get(sv_pool *p)
+{
+    void *blk = NULL;
+    pthread_mutex_lock(&p->mu);
+    if (p->n > 0)
+        blk = p->items[--p->n];
+    pthread_mutex_unlock(&p->mu);
+    return blk ? blk : malloc(p->size);
+}
+
+void sv_pool_put(sv_pool *p, void *blk)
+{
+    if (!blk)
+        return;
+    pthread_mutex_lock(&p->mu);
+    int kept = p->n < SV_POOL_MAX;
+    if (kept)
+        p->items[p->n++] = blk;
+    pthread_mutex_unlock(&p->mu);
+    if (!kept)
+        free(blk);
+}
+
 static int grow_to(sv_buf *b, size_t cap, size_t budget)
 {
     size_t delta = cap - b->cap;
     int charged = b->acct && cap > SV_OUT_MIN && budget != (size_t)-1;
     if (charged && charge(b, delta, budget) != 0)
         return -1;
-    char *p = realloc(b->data, cap);
+    char *p = !b->data && b->pool && cap == SV_POOL_BLOCK ? sv_pool_get(b->pool) : realloc(b->data, cap);
     if (!p) {
         if (charged)
             atomic_fetch_sub(b->acct, delta);
@@ -110,7 +147,10 @@ void sv_buf_consume_front(sv_buf *b, size_t n)
 
 void sv_buf_free(sv_buf *b)
 {
-    free(b->data);
+    if (b->pool && b->cap == SV_POOL_BLOCK)
+        sv_pool_put(b->pool, b->data);
+    else
+        free(b->data);
     b->data = NULL;
     set_cap(b, 0);
     b->len = b->off = 0;

@@ -26,6 +26,7 @@ sv_conn *sv_conn_new(sv_core *core, int fd, sv_listener *l)
     c->body_fd = -1;
     c->file_fd = -1;
     c->out.acct = &core->out_bytes;
+    c->in.pool = c->out.pool = &core->buf_pool;
     c->io = &sv_plain_transport; /* sv_transport_open picks the listener's */
     atomic_store(&c->owner, SV_OWN_LOOP);
     c->state = SV_ST_HEAD;
@@ -132,7 +133,7 @@ void sv_conn_free(sv_conn *c)
     sv_buf_free(&c->in);
     sv_buf_free(&c->body);
     sv_buf_free(&c->out);
-    free(c->req);
+    sv_pool_put(&c->core->req_pool, c->req);
     free(c);
 }
 
@@ -159,7 +160,7 @@ static void reset_request(sv_conn *c)
     c->head_written = 0;
     c->since = sv_now();
     if (c->in.len == 0) { /* idle keep-alive: the parsed head (header slots) goes too; parse mallocs it */
-        free(c->req);
+        sv_pool_put(&c->core->req_pool, c->req);
         c->req = NULL;
     }
 }

@@ -2,12 +2,56 @@
 #include <string.h>
 #include <ruby.h>
 #include <ruby/encoding.h>
+#include <ruby/re.h>
+#include <ruby/st.h>
 #include "serval_ruby.h"
 
 #define SV_KEY_STACK 256
 
-static VALUE k_method, k_path, k_query, k_uri, k_proto, k_name, k_port, k_remote,
-    k_ctype, k_clen, k_cookie, v_http10, v_http11, v_empty, v_port80, k_scheme, k_https, v_https, v_on, v_port443;
+/* The env keys every request sets (sv_build_env). */
+enum { E_METHOD, E_PATH, E_QUERY, E_URI, E_PROTO, E_REMOTE, E_NAME, E_PORT, E_HIJACK, E_FINISHED, E_AFTER, E_SLOTS };
+static VALUE slot_keys[E_SLOTS];
+
+/* Which slot a key is, by its address (the slot keys are pinned: rb_gc_mark
+ * through rb_gc_register_mark_object): open addressing, SV_SLOT_TABLE
+ * entries for E_SLOTS keys, so a template key that is no slot usually
+ * costs one probe. */
+#define SV_SLOT_TABLE 64
+static struct {
+    VALUE key;
+    int slot;
+} slot_table[SV_SLOT_TABLE];
+
+static unsigned slot_hash(VALUE key)
+{
+    return (unsigned)((key >> 3) ^ (key >> 9)) & (SV_SLOT_TABLE - 1);
+}
+
+static void slot_table_add(VALUE key, int slot)
+{
+    unsigned i = slot_hash(key);
+    while (slot_table[i].key)
+        i = (i + 1) & (SV_SLOT_TABLE - 1);
+    slot_table[i].key = key;
+    slot_table[i].slot = slot;
+}
+
+static int slot_of(VALUE key)
+{
+    for (unsigned i = slot_hash(key); slot_table[i].key; i = (i + 1) & (SV_SLOT_TABLE - 1))
+        if (slot_table[i].key == key)
+            return slot_table[i].slot;
+    return -1;
+}
+
+/* REQUEST_METHOD: an interned String; the common methods without a lookup
+ * in Ruby's table of interned strings (method_str). */
+static const char *common_methods[] = {"GET", "POST", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS", NULL};
+#define SV_METHODS 8
+static VALUE method_keys[SV_METHODS];
+
+static VALUE k_ctype, k_clen, k_cookie, k_xrs, k_xqs, k_upgrade, k_protocol, v_http10, v_http11, k_scheme, k_https,
+    v_https, v_on, re_list;
 
 /* Frequent header names map straight to their env key. */
 static const char *common_headers[] = {
@@ -49,26 +93,34 @@ static VALUE header_key_build(const char *name, size_t len)
 
 void sv_init_env(void)
 {
-    k_method = fstr("REQUEST_METHOD");
-    k_path = fstr("PATH_INFO");
-    k_query = fstr("QUERY_STRING");
-    k_uri = fstr("REQUEST_URI");
-    k_proto = fstr("SERVER_PROTOCOL");
-    k_name = fstr("SERVER_NAME");
-    k_port = fstr("SERVER_PORT");
-    k_remote = fstr("REMOTE_ADDR");
+    static const char *slot_names[E_SLOTS] = {
+        [E_METHOD] = "REQUEST_METHOD", [E_PATH] = "PATH_INFO", [E_QUERY] = "QUERY_STRING",
+        [E_URI] = "REQUEST_URI", [E_PROTO] = "SERVER_PROTOCOL", [E_REMOTE] = "REMOTE_ADDR",
+        [E_NAME] = "SERVER_NAME", [E_PORT] = "SERVER_PORT", [E_HIJACK] = "rack.hijack",
+        [E_FINISHED] = "rack.response_finished", [E_AFTER] = "rack.after_reply",
+    };
+    for (int i = 0; i < E_SLOTS; i++) {
+        slot_keys[i] = fstr(slot_names[i]);
+        slot_table_add(slot_keys[i], i);
+    }
+    for (int i = 0; common_methods[i]; i++)
+        method_keys[i] = fstr(common_methods[i]);
     k_ctype = fstr("CONTENT_TYPE");
     k_clen = fstr("CONTENT_LENGTH");
     k_cookie = fstr("HTTP_COOKIE");
+    k_xrs = fstr("HTTP_X_REQUEST_START");
+    k_xqs = fstr("HTTP_X_QUEUE_START");
+    k_upgrade = fstr("HTTP_UPGRADE");
+    k_protocol = fstr("rack.protocol");
     v_http10 = fstr("HTTP/1.0");
     v_http11 = fstr("HTTP/1.1");
-    v_empty = fstr("");
-    v_port80 = fstr("80");
     k_scheme = fstr("rack.url_scheme");
     k_https = fstr("HTTPS");
     v_https = fstr("https");
     v_on = fstr("on");
-    v_port443 = fstr("443");
+    re_list = rb_reg_new_str(rb_str_new_cstr("\\s*,\\s*"), 0);
+    rb_obj_freeze(re_list);
+    rb_gc_register_mark_object(re_list);
     for (int i = 0; common_headers[i] && i < SV_COMMON_MAX; i++) {
         common_lens[i] = strlen(common_headers[i]);
         common_keys[i] = header_key_build(common_headers[i], common_lens[i]);
@@ -107,7 +159,35 @@ static VALUE bin(const char *p, size_t n)
     return rb_str_new(p ? p : "", (long)n);
 }
 
-static void add_header(VALUE env, const sv_request *r, const sv_header *h)
+
+/* REQUEST_METHOD's value */
+static VALUE method_str(const char *m, size_t n)
+{
+    for (int i = 0; common_methods[i]; i++)
+        if (strlen(common_methods[i]) == n && memcmp(common_methods[i], m, n) == 0)
+            return method_keys[i];
+    return rb_enc_interned_str(m, (long)n, rb_utf8_encoding());
+}
+
+/* st_update callback for one header field: a new key takes the String made
+ * for it (allocated before the call: nothing here may run the GC); an
+ * existing one is left alone and reported, the caller appends to it. */
+typedef struct {
+    VALUE fresh;
+    VALUE prev;
+} header_put;
+
+static int header_update(st_data_t *key, st_data_t *value, st_data_t arg, int existing)
+{
+    header_put *put = (header_put *)arg;
+    if (existing)
+        put->prev = (VALUE)*value;
+    else
+        *value = (st_data_t)put->fresh;
+    return ST_CONTINUE;
+}
+
+static void add_header(VALUE env, st_table *tbl, const sv_request *r, const sv_header *h, int *upstream)
 {
     /* A name with '_' would alias a '-' name in the env (HTTP_X_FOO): dropped. */
     if (memchr(h->name, '_', h->name_len))
@@ -120,25 +200,30 @@ static void add_header(VALUE env, const sv_request *r, const sv_header *h)
             rb_hash_aset(env, k_clen, rb_sprintf("%lld", (long long)r->content_length));
         return;
     }
-    VALUE prev = rb_hash_lookup2(env, key, Qundef);
-    if (prev == Qundef) {
-        rb_hash_aset(env, key, bin(h->value, h->value_len));
+    if (key == k_xrs || key == k_xqs)
+        *upstream = 1;
+    /* One hash of the key per field (a lookup and then an aset would hash it
+     * twice); the key is an interned String, as Hash#[]= would store it. */
+    header_put put = {bin(h->value, h->value_len), Qundef};
+    st_update(tbl, (st_data_t)key, header_update, (st_data_t)&put);
+    if (put.prev == Qundef)
         return;
-    }
-    if (key == k_ctype)
+    if (key == k_ctype || !RB_TYPE_P(put.prev, T_STRING))
         return;
-    rb_str_cat(prev, key == k_cookie ? "; " : ", ", 2);
-    rb_str_cat(prev, h->value, (long)h->value_len);
+    rb_str_cat(put.prev, key == k_cookie ? "; " : ", ", 2);
+    rb_str_cat(put.prev, h->value, (long)h->value_len);
 }
 
-static void add_server_name(VALUE env, sv_conn *c)
+/* SERVER_NAME and SERVER_PORT from the Host (or absolute-form authority),
+ * else the listener's. */
+static void server_name(sv_conn *c, VALUE *name, VALUE *port)
 {
     const sv_request *r = c->req;
     const char *h = r->host;
     size_t n = r->host_len;
     if (!h || n == 0) {
-        rb_hash_aset(env, k_name, rb_str_new_cstr(c->listener->name));
-        rb_hash_aset(env, k_port, rb_sprintf("%d", c->listener->port));
+        *name = rb_str_new_cstr(c->listener->name);
+        *port = rb_sprintf("%d", c->listener->port);
         return;
     }
     size_t colon = n;
@@ -151,29 +236,87 @@ static void add_server_name(VALUE env, sv_conn *c)
         if (p)
             colon = (size_t)(p - h);
     }
-    rb_hash_aset(env, k_name, bin(h, colon));
+    *name = bin(h, colon);
     if (colon + 1 < n)
-        rb_hash_aset(env, k_port, bin(h + colon + 1, n - colon - 1));
+        *port = bin(h + colon + 1, n - colon - 1);
     else
-        rb_hash_aset(env, k_port, c->tls ? v_port443 : v_port80);
+        *port = rb_str_new_cstr(c->tls ? "443" : "80");
 }
 
-VALUE sv_build_env(sv_conn *c, VALUE tmpl)
+/* The keys every request sets. The template (lib/serval/request_handler.rb)
+ * holds each of them (value nil), so its copy already has them in place:
+ * one pass over the copy's table puts the values in (st_foreach_with_replace)
+ * instead of one hash lookup and update per key. A key the template lacks is
+ * added by rb_hash_aset afterwards, so the result never depends on it. */
+
+typedef struct {
+    VALUE val[E_SLOTS];
+    unsigned filled;           /* bit i: val[i] is in the table */
+    int pending;               /* the slot the replace callback fills */
+} env_fill;
+
+static int fill_check(st_data_t key, st_data_t value, st_data_t arg, int error)
+{
+    env_fill *f = (env_fill *)arg;
+    if (error)
+        return ST_STOP;
+    int i = slot_of((VALUE)key);
+    if (i < 0 || (f->filled & (1u << i)))
+        return ST_CONTINUE;
+    f->pending = i;
+    return ST_REPLACE;
+}
+
+static int fill_replace(st_data_t *key, st_data_t *value, st_data_t arg, int existing)
+{
+    env_fill *f = (env_fill *)arg;
+    *value = (st_data_t)f->val[f->pending];
+    f->filled |= 1u << f->pending;
+    return ST_CONTINUE;
+}
+
+/* Builds the env of c's request from the frozen template: the CGI keys,
+ * the HTTP_* headers, rack.hijack (hijack: the Request itself), and new
+ * rack.response_finished / rack.after_reply Arrays (returned in *finished,
+ * *after). *upstream is set when an X-Request-Start or X-Queue-Start header
+ * is present (timing reads it). */
+VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE *after, int *upstream)
 {
     const sv_request *r = c->req;
+    env_fill f;
+    f.filled = 0;
+    f.pending = 0;
+    /* every value is made before the table is touched: the fill below must
+     * not allocate (a GC in the middle of an st iteration) */
+    f.val[E_METHOD] = method_str(r->method, r->method_len);
+    f.val[E_PATH] = bin(r->path, r->path_len);
+    f.val[E_QUERY] = bin(r->query, r->query_len);
+    f.val[E_URI] = bin(r->target, r->target_len);
+    f.val[E_PROTO] = r->minor_version ? v_http11 : v_http10;
+    f.val[E_REMOTE] = rb_str_new_cstr(c->remote);
+    server_name(c, &f.val[E_NAME], &f.val[E_PORT]);
+    f.val[E_HIJACK] = hijack;
+    f.val[E_FINISHED] = *finished = rb_ary_new();
+    f.val[E_AFTER] = *after = rb_ary_new();
     VALUE env = rb_hash_dup(tmpl);
-    rb_hash_aset(env, k_method, rb_enc_interned_str(r->method, (long)r->method_len, rb_utf8_encoding()));
-    rb_hash_aset(env, k_path, bin(r->path, r->path_len));
-    rb_hash_aset(env, k_query, bin(r->query, r->query_len));
-    rb_hash_aset(env, k_uri, bin(r->target, r->target_len));
-    rb_hash_aset(env, k_proto, r->minor_version ? v_http11 : v_http10);
-    rb_hash_aset(env, k_remote, rb_str_new_cstr(c->remote));
-    add_server_name(env, c);
+    /* RHASH_TBL makes env write-barrier unprotected, so the GC rescans it
+     * and values stored straight into its table are safe */
+    st_table *tbl = RHASH_TBL(env);
+    st_foreach_with_replace(tbl, fill_check, fill_replace, (st_data_t)&f);
+    for (int i = 0; i < E_SLOTS; i++)
+        if (!(f.filled & (1u << i)))
+            rb_hash_aset(env, slot_keys[i], f.val[i]);
     if (c->tls) {
         rb_hash_aset(env, k_scheme, v_https);
         rb_hash_aset(env, k_https, v_on);
     }
+    *upstream = 0;
     for (size_t i = 0; i < r->num_headers; i++)
-        add_header(env, r, &r->headers[i]);
+        add_header(env, tbl, r, &r->headers[i], upstream);
+    if (r->upgrade) { /* rack.protocol: the Upgrade field's tokens */
+        VALUE up = rb_hash_lookup2(env, k_upgrade, Qnil);
+        if (RB_TYPE_P(up, T_STRING))
+            rb_hash_aset(env, k_protocol, rb_funcall(up, rb_intern("split"), 1, re_list));
+    }
     return env;
 }

@@ -10,7 +10,7 @@
 
 typedef struct {
     sv_conn *c;
-    int has_cl, has_te, has_date, conn_close;
+    int has_cl, has_te, has_date, conn_close, hijack;
     int64_t app_cl;
     VALUE headers;
 } head_ctx;
@@ -57,10 +57,37 @@ static void check_value(const char *p, long n)
 static void emit_line(head_ctx *x, const char *name, long nlen, const char *val, long vlen)
 {
     check_value(val, vlen);
-    out(x->c, name, (size_t)nlen);
-    out(x->c, ": ", 2);
-    out(x->c, val, (size_t)vlen);
-    out(x->c, "\r\n", 2);
+    sv_buf *b = &x->c->out;
+    size_t n = (size_t)nlen + 2 + (size_t)vlen + 2;
+    if (sv_buf_reserve(b, n, SV_HEAD_LIMIT) != 0)
+        rb_raise(rb_eNoMemError, "response head too large");
+    char *p = b->data + b->len;
+    memcpy(p, name, (size_t)nlen);
+    p += nlen;
+    *p++ = ':';
+    *p++ = ' ';
+    memcpy(p, val, (size_t)vlen);
+    p += vlen;
+    *p++ = '\r';
+    *p++ = '\n';
+    b->len += n;
+}
+
+/* "HTTP/1.1 200 OK\r\n" (no snprintf: Ruby's, which ruby.h puts in its
+ * place, costs more than the rest of the status line). */
+static void status_line(sv_conn *c, int code)
+{
+    const char *phrase = sv_reason_phrase(code);
+    size_t plen = strlen(phrase);
+    char line[16];
+    memcpy(line, "HTTP/1.1 ", 9);
+    line[9] = (char)('0' + code / 100);
+    line[10] = (char)('0' + code / 10 % 10);
+    line[11] = (char)('0' + code % 10);
+    line[12] = ' ';
+    out(c, line, 13);
+    out(c, phrase, plen);
+    out(c, "\r\n", 2);
 }
 
 /* A String value may carry several lines (Rack 2 style). */
@@ -118,8 +145,11 @@ static int header_i(VALUE key, VALUE val, VALUE arg)
         rb_raise(sv_eBadResponse, "response header names must be Strings");
     const char *name = RSTRING_PTR(key);
     long nlen = RSTRING_LEN(key);
-    if (nlen >= 5 && memcmp(name, "rack.", 5) == 0)
+    if (nlen >= 5 && memcmp(name, "rack.", 5) == 0) {
+        if (nlen == 11 && memcmp(name, "rack.hijack", 11) == 0)
+            x->hijack = 1;
         return ST_CONTINUE;
+    }
     check_name(name, nlen);
     if (ieq(name, nlen, "content-length")) {
         x->has_cl = 1;
@@ -173,11 +203,14 @@ static const char *date_line(size_t *len)
     return buf;
 }
 
-/* Returns 1 when a body follows. `length` is the body size when the server
- * knows it (an Array body, a file), else nil. `raw` is for partial hijack:
- * no framing headers, the application writes the rest. */
-int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw)
+/* Returns 1 when a body follows, 0 when none does. `length` is the body
+ * size when the server knows it (an Array body, a file), else nil. Flags:
+ * SV_HEAD_RAW for partial hijack (no framing headers, the application
+ * writes the rest); SV_HEAD_NO_HIJACK: a rack.hijack header (a partial
+ * hijack) is not for this caller: -1, nothing written. */
+int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int flags)
 {
+    int raw = (flags & SV_HEAD_RAW) != 0;
     int code = NUM2INT(rb_Integer(status));
     if (code < 100 || code > 999)
         rb_raise(sv_eBadResponse, "invalid status %d", code);
@@ -187,11 +220,11 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw
         rb_raise(sv_eBadResponse, "status %d is informational, not a final response", code);
     sv_core *core = c->core;
     const sv_request *r = c->req;
-    head_ctx x = {c, 0, 0, 0, 0, -1, Qnil};
+    head_ctx x = {c, 0, 0, 0, 0, 0, -1, Qnil};
     size_t mark = c->out.len;
     char line[64];
-    int n = snprintf(line, sizeof(line), "HTTP/1.1 %d %s\r\n", code, sv_reason_phrase(code));
-    out(c, line, (size_t)n);
+    int n;
+    status_line(c, code);
     if (!NIL_P(headers)) {
         if (!RB_TYPE_P(headers, T_HASH))
             headers = rb_convert_type(headers, T_HASH, "Hash", "to_hash");
@@ -201,6 +234,10 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw
         if (state) {
             c->out.len = mark; /* nothing of a bad head is sent */
             rb_jump_tag(state);
+        }
+        if (x.hijack && (flags & SV_HEAD_NO_HIJACK)) {
+            c->out.len = mark;
+            return -1;
         }
     }
     int bodyless = code < 200 || code == 204 || code == 304;

@@ -540,7 +540,7 @@ void sv_loop_process_input(sv_conn *c)
         return;
     }
     set_partial(c, 1);
-    if (!c->req && !(c->req = malloc(sizeof(sv_request)))) {
+    if (!c->req && !(c->req = sv_pool_get(&core->req_pool))) {
         conn_destroy(c);
         return;
     }
@@ -894,6 +894,9 @@ int sv_core_init(sv_core *core)
     if (epoll_ctl(core->epfd, EPOLL_CTL_ADD, core->wakefd, &ev) != 0)
         return -1;
     pthread_mutex_init(&core->mu, NULL);
+    sv_pool_init(&core->buf_pool, SV_POOL_BLOCK);
+    sv_pool_init(&core->req_pool, sizeof(sv_request));
+    core->pools_ready = 1;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -955,4 +958,9 @@ void sv_core_destroy(sv_core *core)
         close(core->wakefd);
     core->epfd = core->wakefd = -1;
     sv_errlog_destroy(&core->errlog);
+    if (core->pools_ready) {
+        sv_pool_destroy(&core->buf_pool);
+        sv_pool_destroy(&core->req_pool);
+        core->pools_ready = 0;
+    }
 }

@@ -22,12 +22,22 @@ typedef struct {
     sv_tm tm;           /* timing of an unsampled request: no allocation */
     sv_tm *tm_cur;      /* &tm, or the record inside tm_obj */
     VALUE tm_obj;       /* env["serval.timing"] of a sampled request, or Qnil */
+    VALUE env;          /* the env #env built (for #call), or Qnil */
+    VALUE finished;     /* its rack.response_finished Array, or Qnil */
+    VALUE after;        /* its rack.after_reply Array, or Qnil */
+    VALUE hijack_io;    /* the socket of a full hijack (#call), or Qnil */
+    int upstream;       /* the env has an X-Request-Start / X-Queue-Start header: 1, 0, or -1 (not known) */
 } sv_req;
 
 static void req_mark(void *p)
 {
-    rb_gc_mark(((sv_req *)p)->core_obj);
-    rb_gc_mark(((sv_req *)p)->tm_obj);
+    sv_req *r = p;
+    rb_gc_mark(r->core_obj);
+    rb_gc_mark(r->tm_obj);
+    rb_gc_mark(r->env);
+    rb_gc_mark(r->finished);
+    rb_gc_mark(r->after);
+    rb_gc_mark(r->hijack_io);
 }
 
 static void req_free(void *p)
@@ -40,21 +50,24 @@ static void req_free(void *p)
     xfree(r);
 }
 
+/* Write-barrier protected (every VALUE field is stored with RB_OBJ_WRITE):
+ * an unprotected type takes the GC's slow allocation path, per request. */
 static const rb_data_type_t req_type = {
     "Serval::Native::Request",
     {req_mark, req_free, NULL},
-    NULL, NULL, 0,
+    NULL, NULL, RUBY_TYPED_WB_PROTECTED,
 };
 
 VALUE sv_request_new(VALUE core_obj, sv_core *core, sv_conn *conn)
 {
     sv_req *r;
     VALUE obj = TypedData_Make_Struct(sv_cRequest, sv_req, &req_type, r);
-    r->core_obj = core_obj;
+    RB_OBJ_WRITE(obj, &r->core_obj, core_obj);
     r->core = core;
     sv_core_ref(core);
     r->conn = conn;
-    r->tm_obj = Qnil;
+    r->tm_obj = r->env = r->finished = r->after = r->hijack_io = Qnil;
+    r->upstream = -1;
     return obj;
 }
 
@@ -214,10 +227,54 @@ static void flush_now(VALUE self, sv_conn *c)
 
 /* ---- methods ------------------------------------------------------------ */
 
+static VALUE req_hijack(VALUE self);
+
+/* env(template): the request's env (ext/serval/env.c). env["rack.hijack"]
+ * is this Request (#call); its callback Arrays are kept for #callbacks. */
 static VALUE req_env(VALUE self, VALUE tmpl)
 {
     Check_Type(tmpl, T_HASH);
-    return sv_build_env(conn_of(self), tmpl);
+    sv_req *r = get(self);
+    sv_conn *c = conn_of(self);
+    VALUE finished, after;
+    int upstream;
+    VALUE env = sv_build_env(c, tmpl, self, &finished, &after, &upstream);
+    RB_OBJ_WRITE(self, &r->env, env);
+    RB_OBJ_WRITE(self, &r->finished, finished);
+    RB_OBJ_WRITE(self, &r->after, after);
+    r->upstream = upstream;
+    return env;
+}
+
+/* call: env["rack.hijack"].call, a full hijack: the socket leaves the core
+ * and becomes the app's IO, also in env["rack.hijack_io"]. Again: the same IO. */
+static VALUE req_call(VALUE self)
+{
+    sv_req *r = get(self);
+    if (NIL_P(r->hijack_io)) {
+        VALUE fd = req_hijack(self);
+        VALUE hijack = rb_path2class("Serval::Hijack");
+        RB_OBJ_WRITE(self, &r->hijack_io, rb_funcall(hijack, rb_intern("socket_for"), 1, fd));
+    }
+    if (!NIL_P(r->env))
+        rb_hash_aset(r->env, rb_str_new_cstr("rack.hijack_io"), r->hijack_io);
+    return r->hijack_io;
+}
+
+static VALUE req_hijacked_p(VALUE self)
+{
+    return NIL_P(get(self)->hijack_io) ? Qfalse : Qtrue;
+}
+
+/* callbacks: [rack.response_finished, rack.after_reply] as #env made them,
+ * or nil when both are empty (the usual case: nothing to run). */
+static VALUE req_callbacks(VALUE self)
+{
+    sv_req *r = get(self);
+    long n = (NIL_P(r->finished) ? 0 : RARRAY_LEN(r->finished)) + (NIL_P(r->after) ? 0 : RARRAY_LEN(r->after));
+    if (n == 0)
+        return Qnil;
+    return rb_assoc_new(NIL_P(r->finished) ? rb_ary_new() : r->finished, NIL_P(r->after) ? rb_ary_new() : r->after);
 }
 
 static VALUE req_body(VALUE self)
@@ -241,16 +298,15 @@ static VALUE req_write_head(int argc, VALUE *argv, VALUE self)
 {
     VALUE status, headers, length, raw;
     rb_scan_args(argc, argv, "31", &status, &headers, &length, &raw);
-    return sv_write_head(conn_of(self), status, headers, length, RTEST(raw)) ? Qtrue : Qfalse;
+    return sv_write_head(conn_of(self), status, headers, length, RTEST(raw) ? SV_HEAD_RAW : 0) ? Qtrue : Qfalse;
 }
 
-static VALUE req_write(VALUE self, VALUE str)
+/* Body bytes of the current response, framed as write_head decided. */
+static void write_body(VALUE self, sv_conn *c, VALUE str)
 {
-    sv_conn *c = conn_of(self);
-    StringValue(str);
     size_t n = (size_t)RSTRING_LEN(str);
     if (n == 0 || c->mode == SV_MODE_NONE)
-        return Qnil;
+        return;
     if (c->mode == SV_MODE_LENGTH) {
         uint64_t room = c->expected > c->sent_body ? (uint64_t)(c->expected - c->sent_body) : 0;
         if (n > room) {
@@ -269,7 +325,41 @@ static VALUE req_write(VALUE self, VALUE str)
     }
     c->sent_body += (int64_t)n;
     RB_GC_GUARD(str);
+}
+
+static VALUE req_write(VALUE self, VALUE str)
+{
+    sv_conn *c = conn_of(self);
+    StringValue(str);
+    write_body(self, c, str);
     return Qnil;
+}
+
+/* respond(status, headers, body): the whole response of a plain Array body
+ * of Strings in one call (the head with its content-length, then the
+ * chunks), true. For any other body, or a rack.hijack response header,
+ * false with nothing written: ResponseWriter#write takes those. */
+static VALUE req_respond(VALUE self, VALUE status, VALUE headers, VALUE body)
+{
+    sv_conn *c = conn_of(self);
+    if (rb_obj_class(body) != rb_cArray)
+        return Qfalse;
+    uint64_t length = 0;
+    for (long i = 0; i < RARRAY_LEN(body); i++) {
+        VALUE s = RARRAY_AREF(body, i);
+        if (!RB_TYPE_P(s, T_STRING))
+            return Qfalse;
+        length += (uint64_t)RSTRING_LEN(s);
+    }
+    int more = sv_write_head(c, status, headers, ULL2NUM(length), SV_HEAD_NO_HIJACK);
+    if (more < 0)
+        return Qfalse;
+    for (long i = 0; more && i < RARRAY_LEN(body); i++) {
+        VALUE s = RARRAY_AREF(body, i);
+        if (RB_TYPE_P(s, T_STRING)) /* still: a write may have let another thread run */
+            write_body(self, conn_of(self), s);
+    }
+    return Qtrue;
 }
 
 static VALUE req_flush(VALUE self)
@@ -399,12 +489,12 @@ static VALUE req_timing_begin(VALUE self, VALUE env, VALUE every)
     int detailed = n > 0 && ++sample_n % n == 0;
     double queued_at = r->conn ? r->conn->queued_at : 0.0;
     if (detailed) {
-        r->tm_obj = sv_timing_new(&r->tm_cur);
+        RB_OBJ_WRITE(self, &r->tm_obj, sv_timing_new(&r->tm_cur));
         rb_hash_aset(env, sv_timing_env_key(), r->tm_obj);
     } else {
         r->tm_cur = &r->tm;
     }
-    sv_tm_begin(r->tm_cur, queued_at, env, detailed);
+    sv_tm_begin(r->tm_cur, queued_at, env, detailed, r->upstream != 0);
     return r->tm_obj;
 }
 
@@ -441,12 +531,16 @@ void sv_init_request(VALUE mNative)
     rb_define_method(sv_cRequest, "body", req_body, 0);
     rb_define_method(sv_cRequest, "write_head", req_write_head, -1);
     rb_define_method(sv_cRequest, "write", req_write, 1);
+    rb_define_method(sv_cRequest, "respond", req_respond, 3);
     rb_define_method(sv_cRequest, "flush", req_flush, 0);
     rb_define_method(sv_cRequest, "stream_write", req_stream_write, 1);
     rb_define_method(sv_cRequest, "sendfile", req_sendfile, 3);
     rb_define_method(sv_cRequest, "finish", req_finish, 0);
     rb_define_method(sv_cRequest, "abort", req_abort, 0);
     rb_define_method(sv_cRequest, "hijack", req_hijack, 0);
+    rb_define_method(sv_cRequest, "call", req_call, 0);
+    rb_define_method(sv_cRequest, "hijacked?", req_hijacked_p, 0);
+    rb_define_method(sv_cRequest, "callbacks", req_callbacks, 0);
     rb_define_method(sv_cRequest, "early_hints", req_early_hints, 1);
     rb_define_method(sv_cRequest, "queued_at", req_queued_at, 0);
     rb_define_method(sv_cRequest, "head_written?", req_head_written_p, 0);

@@ -45,12 +45,28 @@ enum {
 };
 enum { SV_MODE_NONE = 0, SV_MODE_LENGTH, SV_MODE_CHUNKED, SV_MODE_RAW };
 
+/* Free blocks kept for reuse (buffer.c): a connection's read and output
+ * buffers start at SV_POOL_BLOCK bytes and its parsed head is one
+ * sv_request; all are freed when a request ends with nothing behind it (an
+ * idle keep-alive connection holds none), so each request would otherwise
+ * malloc and free three blocks. At most SV_POOL_MAX per pool, LIFO (the
+ * block reused is the one in cache). */
+#define SV_POOL_BLOCK SV_READ_MIN
+#define SV_POOL_MAX 64
+typedef struct {
+    pthread_mutex_t mu;
+    size_t size;                 /* bytes of each block */
+    int n;
+    void *items[SV_POOL_MAX];
+} sv_pool;
+
 typedef struct {
     char *data;
     size_t len;
     size_t cap;
     size_t off;       /* output buffers: bytes already written */
     _Atomic size_t *acct;        /* output buffers: the core's count their capacity is part of */
+    sv_pool *pool;               /* where a block of SV_POOL_BLOCK bytes goes when freed, or NULL */
 } sv_buf;
 
 typedef struct sv_listener {
@@ -224,9 +240,16 @@ struct sv_core {
     double next_trim;
 
     sv_errlog errlog;            /* error responses, for lib/serval/error_log.rb */
+    sv_pool buf_pool;            /* SV_POOL_BLOCK-byte buffer blocks */
+    sv_pool req_pool;            /* sv_request blocks */
+    int pools_ready;             /* the two pools are initialised (sv_core_init) */
 };
 
 /* buffer.c */
+void sv_pool_init(sv_pool *p, size_t size);
+void sv_pool_destroy(sv_pool *p);
+void *sv_pool_get(sv_pool *p);           /* a block of p->size bytes (malloc when none is kept), or NULL */
+void sv_pool_put(sv_pool *p, void *blk); /* keep it, or free it when SV_POOL_MAX are kept */
 int sv_buf_reserve(sv_buf *b, size_t extra, size_t limit);
 /* Also within `budget` bytes for all buffers sharing b->acct (to SV_OUT_MIN a buffer grows freely). */
 int sv_buf_reserve_budget(sv_buf *b, size_t extra, size_t limit, size_t budget);

@@ -17,7 +17,7 @@ void sv_init_request(VALUE mNative);
 void sv_init_env(void);
 void sv_init_tls(VALUE mNative);
 void *sv_tls_ctx_get(VALUE tls_context);
-VALUE sv_build_env(sv_conn *c, VALUE tmpl);
+VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE *after, int *upstream);
 /* One request's timing record (ext/serval/timing.c). */
 typedef struct {
     uint64_t start_ns, end_ns;
@@ -30,7 +30,7 @@ typedef struct {
     int has_cpu, has_gc, has_gvl, has_pool, finished;
 } sv_tm;
 
-void sv_tm_begin(sv_tm *t, double queued_at, VALUE env, int detailed);
+void sv_tm_begin(sv_tm *t, double queued_at, VALUE env, int detailed, int upstream);
 void sv_tm_end(sv_tm *t);
 VALUE sv_timing_new(sv_tm **out);
 VALUE sv_timing_env_key(void);
@@ -58,6 +58,9 @@ void sv_init_window(VALUE cTiming);
 int sv_pool_wait_counters(uint64_t out[4]);
 void sv_init_timing(VALUE mServal);
 double sv_upstream_epoch(const char *p, long n);
-int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int raw);
+/* head.c: the response head; flags: */
+#define SV_HEAD_RAW 1        /* partial hijack: no framing headers */
+#define SV_HEAD_NO_HIJACK 2  /* a rack.hijack header: return -1, nothing written */
+int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int flags);
 
 #endif

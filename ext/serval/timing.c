@@ -114,7 +114,7 @@ static double upstream_seconds(VALUE header)
 /* Notes the clocks at the start of a request. `detailed` requests (the sampled
  * ones, which get a Timing object in the env) also read the thread CPU clock
  * (a system call) and GC.total_time. */
-void sv_tm_begin(sv_tm *t, double queued_at, VALUE env, int detailed)
+void sv_tm_begin(sv_tm *t, double queued_at, VALUE env, int detailed, int upstream)
 {
     memset(t, 0, sizeof(*t));
     t->start_ns = clock_ns(CLOCK_MONOTONIC);
@@ -123,12 +123,15 @@ void sv_tm_begin(sv_tm *t, double queued_at, VALUE env, int detailed)
     t->upstream = NAN;
     t->has_gvl = sv_gvl_mark(1, t->gvl0);
     t->has_pool = sv_pool_wait_counters(t->pw0);
-    /* every request: the upstream queue histogram (two hash lookups) */
-    VALUE h = rb_hash_lookup2(env, k_xrs, Qnil);
-    if (NIL_P(h))
-        h = rb_hash_lookup2(env, k_xqs, Qnil);
-    if (!NIL_P(h))
-        t->upstream = upstream_seconds(h);
+    /* the upstream queue histogram: two hash lookups, only when the env
+     * builder saw one of the headers (or did not build this env) */
+    if (upstream) {
+        VALUE h = rb_hash_lookup2(env, k_xrs, Qnil);
+        if (NIL_P(h))
+            h = rb_hash_lookup2(env, k_xqs, Qnil);
+        if (!NIL_P(h))
+            t->upstream = upstream_seconds(h);
+    }
     if (!detailed)
         return;
     t->has_gc = 1;

@@ -3,32 +3,25 @@
 require "socket"
 
 module Serval
-  # env["rack.hijack"] for one request (full hijack), and its early hints.
-  class Hijack
+  # Full hijack: env["rack.hijack"] is the Native::Request itself, whose
+  # #call (ext/serval/request.c) detaches the socket and wraps it here.
+  module Hijack
     def self.socket_for(fd)
       io = BasicSocket.for_fd(fd)
       io.autoclose = true
       io.sync = true
       io
     end
+  end
 
-    def initialize(request, env)
+  # env["rack.early_hints"] (early_hints on): sends a 103 at once; a client
+  # that went away is no error of the app's.
+  class EarlyHints
+    def initialize(request)
       @request = request
-      @env = env
-      @io = nil
     end
 
-    # Full hijack: the socket leaves the server; the application owns it.
-    def call
-      @io ||= self.class.socket_for(@request.hijack)
-      @env["rack.hijack_io"] = @io
-    end
-
-    def full?
-      !@io.nil?
-    end
-
-    def early_hints(headers)
+    def call(headers)
       @request.early_hints(headers)
     rescue ConnectionError
       nil

@@ -10,12 +10,7 @@ module Serval
   # Turns one native Request into a Rack call and its response.
   class RequestHandler
     RACK_INPUT = "rack.input"
-    RACK_HIJACK = "rack.hijack"
-    RACK_FINISHED = "rack.response_finished"
-    RACK_AFTER_REPLY = "rack.after_reply"
     RACK_EARLY_HINTS = "rack.early_hints"
-    RACK_PROTOCOL = "rack.protocol"
-    HTTP_UPGRADE = "HTTP_UPGRADE"
     ALWAYS_SET = %w[REQUEST_METHOD PATH_INFO QUERY_STRING REQUEST_URI SERVER_PROTOCOL REMOTE_ADDR SERVER_NAME
                     SERVER_PORT rack.input rack.hijack rack.response_finished rack.after_reply].freeze
 
@@ -35,22 +30,25 @@ module Serval
       @timing_every = @timing && (@log_requests ? 1 : @timing.every)
     end
 
+    # The env comes from C with every per-request key in place
+    # (Native::Request#env): rack.hijack is the Request itself (its #call is
+    # the full hijack), rack.input the template's EmptyInput unless the
+    # request has a body. A plain Array body is written by one C call
+    # (Request#respond); ResponseWriter takes every other body.
     def call(request)
       started = Process.clock_gettime(Process::CLOCK_MONOTONIC) if @log_requests
       env = request.env(@template)
-      input = make_input(request.body)
-      env[RACK_INPUT] = input
-      hijack = Hijack.new(request, env)
-      env[RACK_HIJACK] = hijack
-      env[RACK_FINISHED] = finished = []
-      env[RACK_AFTER_REPLY] = after = []
-      env[RACK_EARLY_HINTS] = hijack.method(:early_hints) if @early_hints
-      env[RACK_PROTOCOL] = env[HTTP_UPGRADE].split(/\s*,\s*/) if env.key?(HTTP_UPGRADE)
+      if (body = request.body)
+        env[RACK_INPUT] = input = make_input(body)
+      end
+      env[RACK_EARLY_HINTS] = EarlyHints.new(request) if @early_hints
       status = headers = error = nil
       request.timing_begin(env, @timing_every) if @timing
       begin
         status, headers, body = @app.call(env)
-        @writer.write(request, env, status, headers, body) unless hijack.full?
+        unless request.hijacked? || request.respond(status, headers, body)
+          @writer.write(request, env, status, headers, body)
+        end
       rescue ConnectionError => e
         error = e
         request.abort
@@ -64,9 +62,10 @@ module Serval
         timing = request.timing_end
         GVLTrace.note(timing, env) if timing && GVLTrace.recording
       end
-      request.finish unless hijack.full?
+      request.finish unless request.hijacked?
       log_access(env, status, started, timing) if @log_requests
-      run_callbacks(env, status, headers, error, finished, after)
+      callbacks = request.callbacks
+      run_callbacks(env, status, headers, error, *callbacks) if callbacks
     ensure
       # Normally a no-op (finished or hijacked). When the thread was killed
       # (a stop timeout) or anything above raised, the connection is closed
@@ -86,13 +85,14 @@ module Serval
         "rack.multiprocess" => false,
         "rack.run_once" => false,
         "rack.url_scheme" => "http",
-        "rack.hijack?" => true
+        "rack.hijack?" => true,
+        "rack.input" => EmptyInput # a request with a body sets its own
       }
       env["rack.version"] = [1, 6] if rack2?
-      # Every request sets these (Request#env in C, #call here): present in
-      # the template, they make its copy a table already sized for a whole
-      # env, which is then filled in place instead of growing and being
-      # rebuilt while the request's keys are added.
+      # Every request sets these (Request#env in C): present in the
+      # template, they make its copy a table already sized for a whole env,
+      # whose values C then fills in place in one pass over the table
+      # (ext/serval/env.c) instead of a hash lookup and insert per key.
       (ALWAYS_SET - env.keys).each { |key| env[key] = nil }
       env
     end
@@ -102,11 +102,7 @@ module Serval
     end
 
     def make_input(body)
-      case body
-      when nil then EmptyInput
-      when String then StringIO.new(body)
-      else File.for_fd(body, "rb")
-      end
+      body.is_a?(String) ? StringIO.new(body) : File.for_fd(body, "rb")
     end
 
     def close_body(body)

@@ -8,7 +8,9 @@ module Serval
   # (HTTP/1.1) or until close (HTTP/1.0) with every chunk sent as it is
   # yielded (the head with the first), streaming bodies through a Stream
   # (each write sent at once; the head with the first write or flush),
-  # and partial hijack (a rack.hijack response header).
+  # and partial hijack (a rack.hijack response header). A plain Array body
+  # of Strings without a rack.hijack header never comes here: the handler's
+  # Request#respond writes it in one C call.
   class ResponseWriter
     HIJACK = "rack.hijack"
     CONTENT_LENGTH = "content-length"

@@ -134,7 +134,7 @@ module Serval
 
           next
         end
-        grow if @core.waiting.zero?
+        grow if @core.waiting.zero? && @threads.size < limit # unlocked pre-check: grow decides locked
         @busy += 1
         begin
           @handler.call(request)
@@ -160,7 +160,11 @@ module Serval
       end
     end
 
+    # Checked after every request: the unlocked read (an Array's size, under
+    # the GVL) keeps the mutex off the hot path; the decision is made locked.
     def surplus?
+      return false unless @threads.size > limit
+
       @mutex.synchronize { @threads.size > limit && @threads.delete(Thread.current) && true }
     end
   end

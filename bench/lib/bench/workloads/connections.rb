@@ -15,7 +15,10 @@ module Bench
       register "connections"
 
       def name = "connections"
-      def server_names = %w[serval iodine puma nginx]
+      # serval-notiming (timing off) measures what timing costs in the same
+      # run; serval-base (BENCH_SERVAL_BASE) is another build for a
+      # before/after rotation, skipped when the variable is not set.
+      def server_names = %w[serval serval-notiming serval-base iodine puma nginx]
       def limit_line? = true
 
       def levels = ENV.fetch("BENCH_CONN_LEVELS", "16,1000,5000").split(",").map { |c| Integer(c) }
@@ -176,9 +179,23 @@ module Bench
         end
         r = ratio_at(results, levels.first, "nginx")
         out << { "target" => "c=#{levels.first} serval/nginx >= 0.8", "value" => r, "ok" => !r.nil? && r >= 0.8 }
+        if results.key?("serval-notiming")
+          levels.each do |c|
+            r = cpu_ratio(results, c, "serval-notiming")
+            out << { "target" => "c=#{c} timing on costs <= 2 % (CPU per request off / on >= 0.98)", "value" => r,
+                     "ok" => !r.nil? && r >= 0.98 }
+          end
+        end
         kb = results.dig("serval", "idle_kb_per_connection")
         out << { "target" => "serval idle <= 4 KB/connection", "value" => kb, "ok" => !kb.nil? && kb <= 4.0 }
         out
+      end
+
+      # other's server CPU per request / serval's (> 1: serval needs less).
+      def cpu_ratio(results, conns, other)
+        a = results.dig("serval", "levels", conns.to_s, "cpu_us_per_request")
+        b = results.dig(other, "levels", conns.to_s, "cpu_us_per_request")
+        a && b && a.positive? ? (b / a).round(3) : nil
       end
 
       def median(values)
@@ -215,6 +232,15 @@ module Bench
           "c=#{c} #{format('%.2f', b / a)}" if a && b
         end
         notes << "serval/iodine by server CPU per request (iodine us / serval us; steadier than req/s on a busy machine): #{cpu.join(', ')}" unless cpu.empty?
+        %w[serval-notiming serval-base].each do |other|
+          next unless result["servers"].key?(other)
+
+          by = levels_in(result).map do |c|
+            rps = ratio_at(result["servers"], c, other)
+            "c=#{c} req/s #{rps || 'n/a'}, CPU #{cpu_ratio(result['servers'], c, other) || 'n/a'}"
+          end
+          notes << "serval / #{other} (req/s: serval / #{other}; CPU: #{other} us / serval us): #{by.join('; ')}"
+        end
         (result["targets"] || []).each do |t|
           notes << "#{t['ok'] ? 'meets' : 'MISSES'}: #{t['target']} (#{t['value'] || 'n/a'})"
         end
