@@ -81,4 +81,18 @@ class AutoRecordedWindowsTest < Minitest::Test
     w["samples"] = w["samples"].first(50)
     assert_nil Serval::Auto::Model.call(w, max: 8)
   end
+
+  # The window's cpu_speed (the CPU's measured speed) reaches the open-loop
+  # p99 the controller compares counts by, not the closed-loop req/s. (Its
+  # direction is the simulation's, test/advice/simulation_test.rb: with
+  # the controller's 3,000 requests one p99 rests on a few busy periods.)
+  def test_the_cpu_speed_trace_reaches_open_loop_p99
+    w = JSON.parse(File.read(File.join(FIXTURES, "window-70.json")))
+    steady = Serval::Auto::Model.call(w, max: 4, rate: 50)
+    dips = Serval::Auto::Model.call(w.merge("cpu_speed" => Array.new(240) { |i| (i % 40) < 4 ? 0.6 : 1.0 }), max: 4, rate: 50)
+    assert_equal steady[:rps], dips[:rps]
+    finite = steady[:p99].each_index.select { |i| steady[:p99][i]&.finite? && dips[:p99][i]&.finite? }
+    refute_empty finite
+    assert(finite.all? { |i| dips[:p99][i] != steady[:p99][i] }, "p99 #{steady[:p99].inspect} -> #{dips[:p99].inspect}")
+  end
 end
