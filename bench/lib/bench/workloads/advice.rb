@@ -30,7 +30,7 @@ module Bench
         env = ENV["BENCH_ADVICE_WINDOW_THREADS"]
         env ? Integer(env) : (thread_counts(share).max / 2.0).ceil
       end
-      def window_requests = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_REQUESTS", "2000"))
+      def window_requests = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_REQUESTS", "4000")) # or BENCH_ADVICE_WINDOW_DURATION s
       def window_max_seconds = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_DURATION", "60"))
       def open_seconds = Integer(ENV.fetch("BENCH_ADVICE_OPEN_DURATION", "20"))
       def rounds = [ctx.rounds, Integer(ENV.fetch("BENCH_ADVICE_ROUNDS", "2"))].max
@@ -127,7 +127,8 @@ module Bench
         url = "http://127.0.0.1:#{proc.port}#{path(share)}"
         seconds = 0
         # Load in 5 s steps until the window holds enough requests (the
-        # advice wants 1,000; 70 % CPU at 4 threads serves ~60 req/s).
+        # advice wants 1,000, and its precision grows with the samples, up to
+        # 3,072 in a minute; 70 % CPU at 3 threads serves ~70 req/s).
         while seconds < window_max_seconds && File.read(proc.log_path).scan("GET /work").size < window_requests
           Wrk.run(ctx, url, duration: 5, connections: window_threads(share))
           seconds += 5
