@@ -111,7 +111,7 @@ module Bench
                        advice["max_rps_per_process"].to_f, best)
         { "share" => share, "advice" => advice.slice("source", "threads", "knee", "cpu_share", "max_rps_per_process",
                                                      "requests", "warnings", "workload", "stall", "measured",
-                                                     "cpu_steadiness"),
+                                                     "cpu_steadiness", "precision"),
           "advised_threads" => threads, "knee" => knee, "best_rps" => best, "predicted_rps" => advice["max_rps_per_process"],
           "rps_err" => rps_err, "sweep" => sweep, "open_loop" => open, "ok" => ok ? true : false,
           "own_p99_ok" => own_ok }
