@@ -17,6 +17,7 @@
  * child. Linux: CPU clocks of other threads of the process.
  */
 #define _GNU_SOURCE 1 /* pthread_setname_np; as ruby/config.h */
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -59,8 +60,8 @@ static void *sampler(void *arg)
         if (next + SV_STEADY_STEP_NS < now)
             next = now; /* fell behind by more than a step: the step just ends later */
         struct timespec ts = {(time_t)(next / 1000000000ull), (long)(next % 1000000000ull)};
-        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0)
-            ;
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+            ; /* any other error: take the step now rather than spin */
         uint64_t dh = 0, dc = 0;
         for (int i = 0; i < SV_GVL_SLOTS; i++) {
             uint32_t c;

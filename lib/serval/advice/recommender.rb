@@ -233,7 +233,7 @@ module Serval
         end
         out = { samples: runs.size, run_mean_within: k.round(4), max_rps_range: [slow[:max].round(2), fast[:max].round(2)] }
         msg = format("from %s sampled requests the mean GVL time per request is known to +-%.1f %% (95 %%): max req/s %.1f-%.1f",
-                     runs.size.to_s.reverse.scan(/\d{1,3}/).join(",").reverse, 100 * k, slow[:max], fast[:max])
+                     grouped(runs.size), 100 * k, slow[:max], fast[:max])
         if top
           out[:load] = { load: top, rate: (top * max_rps).round(2), latency_p99_range: [fast[:p99].round(6), slow[:p99].round(6)] }
           msg += format(", p99 at %d %% load %.0f-%.0f ms", (100 * top).round, fast[:p99] * 1e3, slow[:p99] * 1e3)
@@ -282,11 +282,13 @@ module Serval
                     end
       end
 
+      def grouped(n) = n.to_s.reverse.scan(/\d{1,3}/).join(",").reverse # 12400 -> "12,400"
+
       def summary(r)
         running = r[:running_threads] ? "; running #{r[:running_threads]} threads" : ""
         stall = r[:measured][:stall_p95] ? format(", stall p95 %.0f ms", r[:measured][:stall_p95] * 1e3) : ""
         format("advice: %d threads x %d processes (cpu share %.2f from %s requests%s%s)",
-               r[:threads], r[:processes], r[:cpu_share], r[:requests].to_s.reverse.scan(/\d{1,3}/).join(",").reverse,
+               r[:threads], r[:processes], r[:cpu_share], grouped(r[:requests]),
                running, stall)
       end
     end
