@@ -3,6 +3,8 @@
 require_relative "test_helper"
 require_relative "support/http_wire"
 require "json"
+require "socket"
+require "serval/advice"
 require "serval/timing"
 
 # The GVL split (run / idle / stall) and the GVL trace, from the event hook of
@@ -90,6 +92,64 @@ class GVLTest < Minitest::Test
         assert_in_delta 0.05, t.run, 0.05 * 0.15, t.to_h.inspect
       end
     end
+  end
+
+  # The link (ext/serval/gvl.c): the request sends a line to a child
+  # process that answers `delay` s later; the send gives the GVL to a thread
+  # that computes 30 ms, so the request waits ~30 ms for the GVL before it
+  # blocks on the answer. That wait overlapped the remote's work: filed as
+  # idle when the answer was still out (idle covers the remote's whole
+  # time), half of it when the answer came during the wait, none when the
+  # request computed (1 ms) between the send and the wait.
+  LINK_CASES = [
+    # delay, gap, idle range, stall range
+    [0.1, nil, 0.099..0.115, 0.0..0.006],
+    [0.01, nil, 0.011..0.020, 0.012..0.020],
+    [0.1, 0.001, 0.066..0.072, 0.026..0.032]
+  ].freeze
+
+  def test_a_wait_for_the_gvl_after_a_send_is_the_remotes_time
+    assert_equal Serval::Advice::Workload::LINK_SEND_MAX, Serval::Native::GVL::LINK_SEND_MAX
+    assert_equal Serval::Advice::Workload::LINK_RUN_MAX, Serval::Native::GVL::LINK_RUN_MAX
+    ours, theirs = UNIXSocket.pair
+    child = spawn(RbConfig.ruby, "-e", 'io = IO.for_fd(3); while (l = io.gets); sleep(l.to_f); io.write("ok\n"); end',
+                  3 => theirs)
+    theirs.close
+    kick = Queue.new
+    computer = Thread.new { loop { break if kick.pop == :stop; busy(0.03) } }
+    seen = Queue.new
+    params = Queue.new
+    app = lambda do |env|
+      delay, gap = params.pop
+      kick << 1            # the computing thread now waits for the GVL
+      ours.write("#{delay}\n") # the send hands it the GVL for 30 ms
+      busy(gap) if gap
+      raise "no answer" unless ours.gets == "ok\n"
+
+      env["rack.response_finished"] << ->(e, *) { seen << e["serval.timing"] }
+      [200, { "content-type" => "text/plain" }, ["ok"]]
+    end
+    with_server(app, max_threads: 1, timing_sample_rate: 1.0) do |_server, port|
+      LINK_CASES.each do |delay, gap, idle, stall|
+        tries = []
+        3.times do
+          params << [delay, gap]
+          assert_equal 200, get(port).status
+          t = seen.pop
+          tries << t.to_h.slice(:run, :idle, :stall, :wall)
+          break if idle.cover?(t.idle) && stall.cover?(t.stall)
+        end
+        t = tries.last
+        assert idle.cover?(t[:idle]) && stall.cover?(t[:stall]),
+               "delay #{delay} gap #{gap.inspect}: want idle #{idle} stall #{stall}, got #{tries.inspect}"
+      end
+    end
+  ensure
+    kick&.push(:stop)
+    computer&.join(5)
+    ours&.close
+    Process.kill(:TERM, child) if child
+    Process.wait(child) if child
   end
 
   def test_stats_gauges_with_the_hook

@@ -8,6 +8,20 @@
  *              Core#next (SUSPENDED .. READY)
  *   stalled  - asking for the GVL, not yet holding it (READY .. RESUMED)
  *
+ * A send overlaps the remote's work. A request that writes a query (the
+ * write releases the GVL for a few microseconds), asks for the GVL back,
+ * runs a few microseconds and blocks again on the answer has its database
+ * working all the while it waited for the GVL. Inside a request, the hook
+ * files such a wait as idle ("the link"): a short idle span (<=
+ * SV_SEND_MAX_NS), a wait, a short run (< SV_LINK_RUN_NS), then an idle span
+ * again. When that last idle span is itself short (< SV_LINK_IN_NS: a read
+ * that found the answer in takes 5-50 us on a busy machine; the answer came
+ * while the thread waited for the GVL, at an unknown instant), half the
+ * wait is filed as idle. The request's shape gets the filed wait
+ * on the second idle span, so the model (lib/serval/advice/workload.rb)
+ * sees the remote's whole time from the send: without this, the more
+ * threads contend, the shorter the measured I/O looks.
+ *
  * The hook never allocates and never calls Ruby: per-thread state lives in a
  * fixed table of SV_GVL_SLOTS slots, claimed with a CAS on a thread's first
  * event and released on EXITED. The slot of a thread is found through
@@ -50,6 +64,9 @@ __thread int sv_gvl_yielding; /* fairness.c's preemption in progress (serval_rub
 #define SV_PW_FIGURES 4             /* pool wait: wall, run, idle, stall */
 #define SV_GVL_TRACE_CAP 262144     /* events per trace (16 bytes each) */
 #define SV_IO_MIN_NS 10000          /* an idle period this long or longer counts as an I/O wait */
+#define SV_SEND_MAX_NS 200000       /* an idle span this short may be a send (link, below) */
+#define SV_LINK_RUN_NS 100000       /* a held span this short between two I/O spans joins them (link) */
+#define SV_LINK_IN_NS 100000        /* a second idle span this short: the answer was in already (link) */
 
 enum { SV_GVL_RUN = 0, SV_GVL_IDLE = 1, SV_GVL_WAIT = 2 };
 
@@ -86,6 +103,8 @@ typedef struct {
     uint64_t req_at;            /* when the current request began; owner thread only */
     uint64_t req_idle0;         /* ns[SV_GVL_IDLE] when it began; owner thread only */
     int nseg;                   /* the request's shape so far (sv_gvl_segments); owner thread only */
+    int link;                   /* the link (top of file): 1 waiting/running after a short idle, 2 idle again */
+    uint64_t link_wait;         /* that wait's ns */
     float seg[SV_SEGS];
     clockid_t clk;              /* the thread's CPU clock, valid once has_clk (steadiness.c reads it) */
     _Atomic int has_clk;
@@ -127,6 +146,28 @@ static void seg_add(sv_gvl_slot *s, int kind, uint64_t dt)
         s->nseg = n + 1;
     } else {
         s->seg[kind ? SV_SEGS - 2 : SV_SEGS - 1] += v;
+    }
+}
+
+/* The link (top of file), stepped on every change of state inside a request:
+ * dt is the span of state s->state that just ended. */
+static void link_step(sv_gvl_slot *s, int next, uint64_t dt)
+{
+    if (s->state == SV_GVL_IDLE && next == SV_GVL_WAIT) {
+        if (s->link == 2) {
+            uint64_t filed = dt >= SV_LINK_IN_NS ? s->link_wait : s->link_wait / 2;
+            atomic_fetch_sub_explicit(&s->ns[SV_GVL_WAIT], filed, memory_order_relaxed);
+            atomic_fetch_add_explicit(&s->ns[SV_GVL_IDLE], filed, memory_order_relaxed);
+            seg_add(s, 1, filed);
+        }
+        s->link = dt <= SV_SEND_MAX_NS ? 1 : 0;
+        s->link_wait = 0;
+    } else if (s->state == SV_GVL_WAIT && next == SV_GVL_RUN && s->link == 1) {
+        s->link_wait = dt;
+    } else if (s->state == SV_GVL_RUN && next == SV_GVL_IDLE && s->link == 1 && s->link_wait) {
+        s->link = dt < SV_LINK_RUN_NS ? 2 : 0;
+    } else {
+        s->link = 0;
     }
 }
 
@@ -199,6 +240,7 @@ static sv_gvl_slot *slot_of(VALUE th, int state, uint64_t now, int own)
         c->req_at = 0;
         c->req_idle0 = 0;
         c->nseg = 0;
+        c->link = 0;
         SLOT_SET(th, c);
         return c;
     }
@@ -241,6 +283,8 @@ static void on_event(rb_event_flag_t ev, const rb_internal_thread_event_data_t *
             if (s->in_request)
                 seg_add(s, 1, dt);
         }
+        if (s->in_request)
+            link_step(s, next, dt);
         s->state = next;
         s->since = now;
     }
@@ -529,6 +573,7 @@ int sv_gvl_mark(int in_request, uint64_t out[4])
             seg_add(s, 0, dt);
         s->since = now;
     }
+    s->link = 0;
     if (in_request) {
         s->nseg = 0;
         s->req_at = now;
@@ -574,6 +619,13 @@ static VALUE pw_enter(VALUE mod)
     for (int k = 0; k < 3; k++)
         p->at[k + 1] = g[k];
     p->open = split ? 2 : 1;
+#ifdef SV_GVL_HOOK
+    if (hook) { /* a wait before the checkout must not be filed inside it */
+        sv_gvl_slot *s = SLOT_GET(rb_thread_current());
+        if (s)
+            s->link = 0;
+    }
+#endif
     return Qnil;
 }
 
@@ -678,6 +730,9 @@ void sv_init_gvl(VALUE mNative)
     rb_define_singleton_method(m, "supported?", gvl_supported_p, 0);
     rb_define_singleton_method(m, "sample", gvl_sample, 0);
     rb_define_const(m, "TRACE_CAPACITY", INT2NUM(SV_GVL_TRACE_CAP));
+    /* the link's bounds (top of file), for the model to join the same spans */
+    rb_define_const(m, "LINK_SEND_MAX", DBL2NUM(SV_SEND_MAX_NS / 1e9));
+    rb_define_const(m, "LINK_RUN_MAX", DBL2NUM(SV_LINK_RUN_NS / 1e9));
 #ifdef SV_GVL_HOOK
 #ifdef HAVE_RB_INTERNAL_THREAD_SPECIFIC_GET
     slot_key = rb_internal_thread_specific_key_create();

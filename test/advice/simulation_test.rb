@@ -172,4 +172,42 @@ class AdviceSimulationTest < Minitest::Test
     assert_in_delta s.closed(3).rps / 1.1, s.scaled(1.1).closed(3).rps, s.closed(3).rps * 0.02, "GVL-bound: req/s ~ 1 / CPU"
     assert_raises(ArgumentError) { s.scaled(0) }
   end
+
+  # Joined waits (Workload's link): request X sends (50 us), waits for the
+  # GVL behind Y's 30 ms of CPU, holds it 10 us, then waits for the answer,
+  # which the remote gives 50 ms after the send began. Played joined (-R),
+  # X ends at 52 ms and its 30 ms wait for the GVL is not stall; played as
+  # separate spans, the 50 ms answer would start after the GVL wait.
+  def test_a_joined_wait_ends_with_the_remote
+    x = [0.001, 0.00005, 0.00001, -0.05, 0.001]
+    split = [0.001, 0.00005, 0.00001, 0.05 - 0.00006, 0.001]
+    y = [0.03]
+    joined = A::Simulation.new([x, y]).closed(2)
+    apart = A::Simulation.new([split, y]).closed(2)
+    assert_in_delta 0.052, joined.latency_p99, 0.0005, joined.to_h.inspect
+    assert_in_delta 0.08195, apart.latency_p99, 0.001, apart.to_h.inspect
+    assert_in_delta 0.001, joined.stall_max, 1e-6, "only Y's wait for X's first millisecond: #{joined.to_h.inspect}"
+    assert_operator apart.stall_max, :>, 0.029
+  end
+
+  # The answer came while X still waited for the GVL: X asks again at once
+  # (behind whoever asked meanwhile), and only the wait before the answer
+  # is not stall.
+  def test_a_joined_wait_that_ended_during_the_gvl_wait
+    x = [0.001, 0.00005, 0.00001, -0.01, 0.001]
+    y = [0.03]
+    r = A::Simulation.new([x, y]).closed(2)
+    # X: send at 1 ms, asks at 1.05 ms, GVL at 31 ms (Y), 10 us, asks again at
+    # once (answer long in), runs 1 ms: ends at 32.01 ms; stall = 31 - 11 ms
+    assert_in_delta 0.03201, r.latency_p99, 0.0002, r.to_h.inspect
+    assert_in_delta 0.031 - 0.011, r.stall_max, 0.0002, r.to_h.inspect
+  end
+
+  # A database connection is held from the send until the answer: with one
+  # connection, the second request's query waits for the first's whole R.
+  def test_a_joined_wait_holds_its_connection_for_the_remote
+    x = [0.001, 0.00005, 0.00001, -0.02, 0.001]
+    r = A::Simulation.new([x, x], pool: 1).closed(2)
+    assert_operator r.pool_wait_mean, :>, 0.009, r.to_h.inspect
+  end
 end

@@ -44,6 +44,29 @@ class AdviceWindowTest < Minitest::Test
     assert_in_delta 0.006 * 0.00002 / 0.00602, profile[1], 1e-12, "so do the idle ones"
   end
 
+  # The link (ext/serval/gvl.c): a short idle span (a send), a short held
+  # span, then a wait is one remote operation; the profile gives that wait
+  # as -R, R from the send's start. A long held span between keeps two waits.
+  def test_joined_waits_in_a_shape
+    send = 0.00004
+    eps = 0.000005
+    joined = [0.001, send, eps, 0.009, 0.001]
+    apart = [0.001, send, 0.0005, 0.009, 0.001]
+    long_send = [0.001, 0.0005, eps, 0.009, 0.001]
+    [[joined, true], [apart, false], [long_send, false]].each do |shape, linked|
+      held = shape.each_slice(2).sum(&:first)
+      idle = shape.each_slice(2).sum { |pair| pair[1].to_f }
+      w = Serval::Advice::Workload.new(pairs: [[held, idle, shape]])
+      profile = w.profiles(1, Random.new(1)).first
+      if linked
+        assert_in_delta(-(send + eps + 0.009), profile[3], 1e-9, profile.inspect)
+      else
+        assert_in_delta shape[3], profile[3], 1e-9, profile.inspect
+      end
+      assert_in_delta shape[1], profile[1], 1e-9
+    end
+  end
+
   def test_a_shape_must_alternate_held_and_idle
     assert_raises(ArgumentError) { Serval::Advice::Workload.new(pairs: [[0.01, 0.01, [0.01, 0.01]]]) }
     assert_raises(ArgumentError) { Serval::Advice::Workload.new(pairs: [[0.01, 0.01, [0.01, -0.01, 0.01]]]) }
@@ -61,7 +84,7 @@ class AdviceWindowTest < Minitest::Test
     pairs = Array.new(400) do
       run = -Math.log(1 - rng.rand) * 0.007
       io = -Math.log(1 - rng.rand) * 0.013
-      [run, io, [run / 3, 0.00002, 0.0, io, run / 3, 0.00002, run / 3]]
+      [run, io, [run / 4, 0.00002, run / 4, io, run / 4, 0.00002, run / 4]]
     end
     plain = Serval::Advice::Workload.new(pairs: pairs.map { |r, i, _| [r, i] })
     shaped = Serval::Advice::Workload.new(pairs: pairs)

@@ -18,6 +18,13 @@ module Serval
     #   `pool: P`, each wait needs one of P database connections, held for
     #   the wait (Active Record 7.2+ leases a connection per query); a thread
     #   that finds none free waits for the first to come back (pool_wait).
+    # - A wait given as -R (Workload's joined waits: a send, a few
+    #   microseconds holding the GVL, the wait for the answer) ends R after
+    #   the previous wait began, or at once if that has passed: the remote
+    #   worked while the thread waited for the GVL in between, and that
+    #   stretch of the wait is not counted as stall (the GVL hook files it
+    #   as idle too). A database connection is held from the first wait's
+    #   start for R.
     # - `handoff`: seconds the GVL stays free when it passes to a thread that
     #   was waiting for it (the releaser wakes it, the kernel schedules it),
     #   as the GVL hook measures them; capacity lost on every contended grant.
@@ -128,6 +135,9 @@ module Serval
         arrived = Array.new(threads, 0.0)
         began = Array.new(threads, 0.0)
         stall = Array.new(threads, 0.0)
+        asked = Array.new(threads, 0.0)   # the last grant: when the thread asked,
+        granted = Array.new(threads, 0.0) # and when it got the GVL
+        iostart = Array.new(threads, 0.0) # when its last wait began
         pwait = Array.new(threads, 0.0)
         pool = @pool && Array.new(@pool, 0.0)
         finished = []
@@ -164,6 +174,8 @@ module Serval
           end
           start = gvl_free > t ? gvl_free + handoff : t
           stall[i] += start - t
+          asked[i] = t
+          granted[i] = start
           c = rem[i] # work left; at speed sp it takes c / sp
           sp = speeds ? speeds[((start + offset) / SPEED_STEP).floor % speeds.size] : 1.0
           c /= sp if speeds
@@ -208,13 +220,22 @@ module Serval
             end
           else
             io = p[s]
-            if pool
+            if io.negative? # joined to the previous wait (class comment)
+              fin = iostart[i] - io
+              overlap = (fin < granted[i] ? fin : granted[i]) - asked[i]
+              stall[i] -= overlap if overlap.positive?
+              iostart[i] = gvl_free
+              ready[i] = fin > gvl_free ? fin : gvl_free
+            elsif pool
               k = pool.index(pool.min)
               at = pool[k] > gvl_free ? pool[k] : gvl_free
               pwait[i] += at - gvl_free
-              pool[k] = at + io
+              joined = p[s + 2]
+              pool[k] = at + (joined && joined.negative? ? -joined : io)
+              iostart[i] = at
               ready[i] = at + io
             else
+              iostart[i] = gvl_free
               ready[i] = gvl_free + io
             end
             seg[i] = s + 1

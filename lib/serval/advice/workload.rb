@@ -24,7 +24,17 @@ module Serval
     # beside a 6 ms query - rescaled so its held spans sum to run and its
     # idle spans to io. The even split misses what that changes: a short
     # wait still gives the GVL away and queues again behind the others.
+    #
+    # Joined waits (the link, ext/serval/gvl.c): a short idle span (a send),
+    # a short held span, then an idle span is one remote operation - the
+    # database works while the sender waits for the GVL back. Such a second
+    # span is played as -R, R the remote's seconds from the start of the
+    # first: the Simulation has the thread ask again at start + R, however
+    # long its own wait for the GVL in between was.
     class Workload
+      LINK_SEND_MAX = 200e-6 # = Native::GVL::LINK_SEND_MAX (test/advice_workload_test.rb checks)
+      LINK_RUN_MAX = 100e-6  # = Native::GVL::LINK_RUN_MAX
+
       attr_reader :io_waits, :split
 
       def initialize(run: nil, io: nil, pairs: nil, io_waits: 1, split: :equal)
@@ -90,7 +100,19 @@ module Serval
 
         fh = run / held
         fi = idle.positive? ? io / idle : 0.0
-        shape.each_with_index.map { |v, i| i.even? ? v * fh : v * fi }
+        link(shape, shape.each_with_index.map { |v, i| i.even? ? v * fh : v * fi })
+      end
+
+      # Marks joined waits in out (the scaled shape) as -R, judged on the
+      # measured spans as the hook judged them.
+      def link(shape, out)
+        raw = out.dup
+        (3...(shape.size - 1)).step(2) do |i|
+          next unless shape[i - 1] < LINK_RUN_MAX && shape[i - 2] <= LINK_SEND_MAX
+
+          out[i] = -(raw[i - 2] + raw[i - 1] + raw[i])
+        end
+        out
       end
 
       def segments_equal(run, io, k)
