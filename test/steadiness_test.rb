@@ -50,6 +50,8 @@ class SteadinessTest < Minitest::Test
     assert_operator median_speed(alone), :>, 0.85, "alone: #{alone.inspect}"
     assert_operator median_speed(shared), :<, 0.75, "shared with a busy process: #{shared.inspect}"
     assert(shared.all? { |_at, held, _cpu| held > 0.2 }, "the spinning thread holds the GVL every step")
+    # the process's CPU holds its Ruby threads' (and the sampler's own)
+    assert((alone + shared).all? { |_at, _held, cpu, proc| proc >= cpu - 0.002 }, (alone + shared).inspect)
   ensure
     Process.kill(:KILL, rival) if rival
     Process.wait(rival) if rival

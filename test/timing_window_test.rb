@@ -148,6 +148,23 @@ class TimingWindowTest < Minitest::Test
     assert_equal 60, m[:cpu_speed].size, "a cluster's workers' steps side by side"
   end
 
+  # outside_cpu: the process's CPU beyond the GVL per second held, over
+  # the window's busy steps (a quiet step's tickers are left out).
+  def test_outside_cpu_from_busy_steps
+    T.window_reset(START - 10)
+    100.times { |i| record(START + 1 + (i * 0.01)) }
+    busy = Array.new(8) { |i| [START - 9 + (i * 0.25), 0.2, 0.2, 0.21] }  # 5 % beyond the GVL
+    quiet = [[START - 1.0, 0.01, 0.01, 0.05]]                             # a ticker's CPU, GVL 4 %: left out
+    w = W.read(now: START + 5, gvl_split: true, steadiness: [0.25, busy + quiet])
+    assert_in_delta 0.05, w[:outside_cpu], 1e-9
+    refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, busy.first(3)]).key?(:outside_cpu),
+           "fewer than #{W::OUTSIDE_MIN_STEPS} busy steps"
+    refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, busy.map { |st| st.first(3) }]).key?(:outside_cpu),
+           "steps without the process's CPU (an older build)"
+    other = w.merge(requests: w[:requests] * 3, outside_cpu: 0.09)
+    assert_in_delta 0.08, W.merge([w, other])[:outside_cpu], 1e-9, "weighted by requests"
+  end
+
   def test_merge_bounds_the_samples
     big = { requests: 5000, sampled_from: 5000, gvl_split: true, samples: Array.new(3000) { { run: 0.001, idle: 0.0 } } }
     m = W.merge([big, big.dup])

@@ -11,6 +11,12 @@
  * model replays these ratios (lib/serval/advice/simulation.rb): dips
  * clustered in time are what lengthens a queue's tail near capacity.
  *
+ * Each step also notes the whole process's CPU time (CLOCK_PROCESS_CPUTIME_ID):
+ * what it used beyond the GVL's holders (the event loop, system calls made
+ * without the GVL, switches between threads) is CPU a process with one CPU
+ * takes from the GVL's holder once the GVL is busy (Timing::Window's
+ * outside_cpu, the model's tail_cpu).
+ *
  * Costs: one wake-up and 2 clock reads per Ruby thread every step, on a
  * thread of its own; requests pay nothing. The last SV_STEADY_STEPS steps
  * are kept. Started by Native::GVL.enable (Ruby 3.2+), again in a forked
@@ -33,6 +39,7 @@ typedef struct {
     double at;                          /* monotonic seconds at the end of the step */
     uint64_t held;                      /* GVL held, ns, by the threads probed */
     uint64_t cpu;                       /* their CPU time, ns */
+    uint64_t proc;                      /* the whole process's CPU time, ns (every thread: the loop too) */
 } sv_steady_step;
 
 static sv_steady_step ring[SV_STEADY_STEPS];
@@ -47,6 +54,14 @@ static uint64_t mono_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+static uint64_t proc_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static void *sampler(void *arg)
 {
     static uint32_t claim[SV_GVL_SLOTS];
@@ -54,6 +69,7 @@ static void *sampler(void *arg)
     static char known[SV_GVL_SLOTS];
     (void)arg;
     uint64_t next = mono_ns();
+    uint64_t proc0 = proc_ns();
     for (;;) {
         next += SV_STEADY_STEP_NS;
         uint64_t now = mono_ns();
@@ -79,11 +95,14 @@ static void *sampler(void *arg)
             cpu[i] = u;
             known[i] = 1;
         }
+        uint64_t proc1 = proc_ns();
         pthread_mutex_lock(&mu);
         sv_steady_step *s = &ring[ring_n % SV_STEADY_STEPS];
         s->at = (double)mono_ns() / 1e9;
         s->held = dh;
         s->cpu = dc;
+        s->proc = proc1 >= proc0 ? proc1 - proc0 : 0;
+        proc0 = proc1;
         ring_n++;
         pthread_mutex_unlock(&mu);
     }
@@ -112,8 +131,8 @@ void sv_steadiness_start(void)
     pthread_attr_destroy(&attr);
 }
 
-/* Native::GVL.steadiness -> [step seconds, [[at, held, cpu], ...] oldest
- * first, seconds], the last SV_STEADY_STEPS steps; no steps before
+/* Native::GVL.steadiness -> [step seconds, [[at, held, cpu, proc], ...]
+ * oldest first, seconds; proc: the process's CPU time in the step], the last SV_STEADY_STEPS steps; no steps before
  * Native::GVL.enable in this process. */
 static VALUE steadiness(VALUE mod)
 {
@@ -129,8 +148,8 @@ static VALUE steadiness(VALUE mod)
     VALUE steps = rb_ary_new_capa((long)(n - from));
     for (uint64_t k = from; k < n; k++) {
         sv_steady_step *s = &copy[k % SV_STEADY_STEPS];
-        rb_ary_push(steps, rb_ary_new_from_args(3, DBL2NUM(s->at), DBL2NUM((double)s->held / 1e9),
-                                                DBL2NUM((double)s->cpu / 1e9)));
+        rb_ary_push(steps, rb_ary_new_from_args(4, DBL2NUM(s->at), DBL2NUM((double)s->held / 1e9),
+                                                DBL2NUM((double)s->cpu / 1e9), DBL2NUM((double)s->proc / 1e9)));
     }
     return rb_ary_new_from_args(2, DBL2NUM((double)SV_STEADY_STEP_NS / 1e9), steps);
 }

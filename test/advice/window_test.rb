@@ -67,6 +67,27 @@ class AdviceWindowTest < Minitest::Test
     end
   end
 
+  # outside_cpu (the process's CPU beyond the GVL per second held) becomes
+  # GVL time at each request's end, less the handoffs the model already
+  # charges (one per CPU segment): capacity at saturation 1 / (run + tail).
+  def test_cpu_outside_the_gvl_is_a_tail_on_every_request
+    samples = Array.new(200) { { run: 0.002, idle: 0.018, shape: [0.001, 0.009, 0.0005, 0.009, 0.0005] } }
+    base = { requests: 200, io_waits: 2, gvl_handoff: 0.00002, samples: samples }
+    plain = Serval::Advice::Window.new(base).workload
+    tailed = Serval::Advice::Window.new(base.merge(outside_cpu: 0.1)).workload
+    assert_in_delta 0.0, plain.tail_cpu
+    assert_in_delta (0.1 * 0.002) - (0.00002 * 3), tailed.tail_cpu, 1e-12
+    p0 = plain.profiles(1, Random.new(1)).first
+    p1 = tailed.profiles(1, Random.new(1)).first
+    assert_in_delta p0[-1] + tailed.tail_cpu, p1[-1], 1e-12
+    assert_equal p0[0..-2], p1[0..-2]
+    cap = ->(w) { Serval::Advice::Simulation.new(w.profiles(2000, Random.new(2))).closed(16).rps }
+    assert_in_delta 1 / (0.002 + tailed.tail_cpu), cap.call(tailed), 5
+    assert_in_delta 0.0, Serval::Advice::Window.new(base.merge(outside_cpu: 0.01)).workload.tail_cpu,
+                    1e-12, "less than the handoffs: nothing added"
+    assert_raises(ArgumentError) { Serval::Advice::Window.new(base.merge(outside_cpu: -1)) }
+  end
+
   def test_a_shape_must_alternate_held_and_idle
     assert_raises(ArgumentError) { Serval::Advice::Workload.new(pairs: [[0.01, 0.01, [0.01, 0.01]]]) }
     assert_raises(ArgumentError) { Serval::Advice::Workload.new(pairs: [[0.01, 0.01, [0.01, -0.01, 0.01]]]) }

@@ -45,7 +45,7 @@ module Serval
       FIGURES = %i[run idle stall pool_wait queue wall cpu wait].freeze
 
       attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms, :processes,
-                  :handoff, :timeslice, :cpu_speed
+                  :handoff, :timeslice, :cpu_speed, :outside_cpu
 
       def initialize(hash)
         h = symbolize(hash)
@@ -64,6 +64,8 @@ module Serval
         @timeslice = h[:timeslice] && Float(h[:timeslice]) # fair_timeslice the server ran with; nil: Ruby's
         raise ArgumentError, "timeslice must be in (0, 1] seconds" if @timeslice && !(@timeslice > 0 && @timeslice <= 1)
         @cpu_speed = speeds_of(h[:cpu_speed])
+        @outside_cpu = h[:outside_cpu] && Float(h[:outside_cpu]) # process CPU beyond the GVL, per second held
+        raise ArgumentError, "outside_cpu must be in [0, 10]" if @outside_cpu && !(@outside_cpu >= 0 && @outside_cpu <= 10)
         @pools = Array(h[:db_pools]).map { |p| { name: p[:name].to_s, size: Integer(p[:size]) } }
         @samples = samples_of(h)
         @histograms = (h[:histograms] || {}).slice(*FIGURES).compact
@@ -92,15 +94,29 @@ module Serval
       end
 
       def workload(split: :equal)
-        if @samples.any?
-          Workload.new(pairs: @samples.map { |s| pair(s) }, io_waits: @io_waits, split: split)
-        else
-          run = dist(:run) || dist(:cpu)
-          idle = dist(:idle) || dist(:wait)
-          raise ArgumentError, "the window has neither samples nor run and idle histograms" unless run && idle
+        w = if @samples.any?
+              Workload.new(pairs: @samples.map { |s| pair(s) }, io_waits: @io_waits, split: split)
+            else
+              run = dist(:run) || dist(:cpu)
+              idle = dist(:idle) || dist(:wait)
+              raise ArgumentError, "the window has neither samples nor run and idle histograms" unless run && idle
 
-          Workload.new(run: run, io: scaled_io(idle), io_waits: @io_waits, split: split)
-        end
+              Workload.new(run: run, io: scaled_io(idle), io_waits: @io_waits, split: split)
+            end
+        tail = tail_cpu(w)
+        tail.positive? ? w.with_tail(tail) : w
+      end
+
+      # Seconds per request the GVL's holder loses, once the GVL is busy, to
+      # the rest of its process on one CPU: the CPU the process used beyond
+      # the GVL (outside_cpu per second held, times the mean run) less what
+      # the model already charges as handoffs (one per CPU segment at
+      # saturation). The advice sizes one process per CPU, so the event
+      # loop and the system calls share the GVL holder's CPU.
+      def tail_cpu(workload)
+        return 0.0 unless @outside_cpu
+
+        [(@outside_cpu * workload.mean_run) - (@handoff * workload.mean_segments), 0.0].max
       end
 
       # Mean of one measured figure (nil when it was not recorded).

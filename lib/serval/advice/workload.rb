@@ -31,13 +31,18 @@ module Serval
     # span is played as -R, R the remote's seconds from the start of the
     # first: the Simulation has the thread ask again at start + R, however
     # long its own wait for the GVL in between was.
+    #
+    # `tail_cpu`: seconds of GVL time added to every request's last CPU
+    # segment - the CPU a process with one CPU spends beyond the GVL's
+    # holders (its event loop, system calls without the GVL), which at
+    # saturation is taken from the holder (Window#tail_cpu says how much).
     class Workload
       LINK_SEND_MAX = 200e-6 # = Native::GVL::LINK_SEND_MAX (test/advice_workload_test.rb checks)
       LINK_RUN_MAX = 100e-6  # = Native::GVL::LINK_RUN_MAX
 
-      attr_reader :io_waits, :split
+      attr_reader :io_waits, :split, :tail_cpu
 
-      def initialize(run: nil, io: nil, pairs: nil, io_waits: 1, split: :equal)
+      def initialize(run: nil, io: nil, pairs: nil, io_waits: 1, split: :equal, tail_cpu: 0.0)
         @pairs = pairs&.map { |r, i, shape| shape ? [Float(r), Float(i), shape_of(shape)] : [Float(r), Float(i)] }
         @run = Distribution.from(run)
         @io = Distribution.from(io)
@@ -48,14 +53,36 @@ module Serval
         raise ArgumentError, "io_waits must be >= 0" if @io_waits.negative?
 
         @split = split
+        @tail_cpu = Float(tail_cpu)
+        raise ArgumentError, "tail_cpu must be >= 0" if @tail_cpu.negative?
+      end
+
+      # The same requests with `seconds` of CPU added to each one's end.
+      def with_tail(seconds)
+        copy = dup
+        copy.instance_variable_set(:@tail_cpu, Float(seconds))
+        raise ArgumentError, "tail_cpu must be >= 0" if copy.tail_cpu.negative?
+
+        copy
+      end
+
+      # Mean CPU segments per request: the GVL grants one request asks for.
+      def mean_segments
+        @mean_segments ||= if @pairs&.any? { |p| p[2] }
+                             @pairs.sum { |p| p[2] ? (p[2].size + 1) / 2 : @io_waits + 1 } / @pairs.size.to_f
+                           else
+                             @io_waits + 1
+                           end
       end
 
       # The same requests with every wait multiplied by factor.
       def scale_io(factor)
         if @pairs
-          Workload.new(pairs: @pairs.map { |r, i, shape| [r, i * factor, shape] }, io_waits: @io_waits, split: @split)
+          Workload.new(pairs: @pairs.map { |r, i, shape| [r, i * factor, shape] }, io_waits: @io_waits, split: @split,
+                       tail_cpu: @tail_cpu)
         else
-          Workload.new(run: @run, io: ScaledDistribution.new(@io, factor), io_waits: @io_waits, split: @split)
+          Workload.new(run: @run, io: ScaledDistribution.new(@io, factor), io_waits: @io_waits, split: @split,
+                       tail_cpu: @tail_cpu)
         end
       end
 
@@ -73,7 +100,9 @@ module Serval
       def profiles(n, rng)
         Array.new(n) do
           run, io, shape = totals(rng)
-          shape ? reshape(shape, run, io) : segments(run, io, rng)
+          prof = shape ? reshape(shape, run, io) : segments(run, io, rng)
+          prof[-1] += @tail_cpu
+          prof
         end
       end
 

@@ -10,7 +10,7 @@ module Serval
     # Serval::Advice::Window takes (see lib/serval/advice/window.rb):
     #
     #   { requests:, seconds:, max_threads:, gvl_split:, ruby:, io_waits:, gvl_handoff:, gvl_handoffs:,
-    #     db_pools:, cpu_speed: [0.98, 1.0, 0.61, ...],
+    #     db_pools:, cpu_speed: [0.98, 1.0, 0.61, ...], outside_cpu: 0.07,
     #     samples: [{queue:, run:, idle:, stall:, pool_wait:, wall:, shape:}],
     #     sampled_from:, histograms: {queue: {bounds:, counts:, sum:}, ...} }
     #
@@ -32,14 +32,15 @@ module Serval
       SPEED_MIN_STEPS = 20  # fewer busy steps: no cpu_speed
       SPEED_MIN = 0.05      # a step's speed is at least this (a stopped CPU is not infinitely slow)
       SPEED_CAP = 1_000     # steps a merged window keeps
+      OUTSIDE_MIN_STEPS = 4 # busy steps (1 s) needed for outside_cpu
 
       module_function
 
       # now: monotonic seconds (tests inject it).
       # timeslice: seconds a request thread keeps the GVL from a waiting one
       # (fair_timeslice), nil for Ruby's own.
-      # steadiness: [step, [[at, held, cpu], ...]] as Native::GVL.steadiness
-      # gives it (tests inject it).
+      # steadiness: [step, [[at, held, cpu, proc], ...]] as
+      # Native::GVL.steadiness gives it (tests inject it).
       def read(now: nil, max_threads: nil, db_pools: nil, gvl_split: Native::GVL.enabled?, rng: Random.new,
                timeslice: nil, steadiness: :native)
         seconds, bounds, buckets = Timing.window_buckets(now)
@@ -62,6 +63,8 @@ module Serval
         from = (now || Process.clock_gettime(Process::CLOCK_MONOTONIC)) - seconds
         speeds = gvl_split && steadiness && cpu_speed(steadiness, from)
         window[:cpu_speed] = speeds if speeds
+        outside = gvl_split && steadiness && outside_cpu(steadiness, from)
+        window[:outside_cpu] = outside if outside
         window[:db_pools] = db_pools if db_pools
         window[:timeslice] = timeslice if timeslice
         window
@@ -92,6 +95,11 @@ module Serval
           n = handed.sum { |w| w[:gvl_handoffs].to_i }
           merged[:gvl_handoff] = (handed.sum { |w| w[:gvl_handoff] * w[:gvl_handoffs].to_i } / n).round(9)
           merged[:gvl_handoffs] = n
+        end
+        outs = windows.select { |w| w[:outside_cpu] && w[:requests].to_i.positive? }
+        if outs.any?
+          merged[:outside_cpu] = (outs.sum { |w| w[:outside_cpu] * w[:requests].to_i } /
+                                  outs.sum { |w| w[:requests].to_i }).round(9)
         end
         speeds = windows.flat_map { |w| Array(w[:cpu_speed]) }
         merged[:cpu_speed] = speeds.last(SPEED_CAP) if speeds.any?
@@ -127,6 +135,21 @@ module Serval
           (cpu / held).clamp(SPEED_MIN, 1.0).round(3)
         end
         speeds.size >= SPEED_MIN_STEPS ? speeds : nil
+      end
+
+      # The process's CPU that no GVL holder used (ext/serval/steadiness.c:
+      # the event loop, system calls made without the GVL, thread switches),
+      # per second of GVL held, over the window's busy steps (held at least
+      # SPEED_MIN_BUSY of the step: a quiet step's tickers say nothing of a
+      # request's cost). nil without OUTSIDE_MIN_STEPS such steps that note
+      # the process's CPU.
+      def outside_cpu(steadiness, from)
+        step, steps = steadiness
+        busy = steps.select { |st| st.size >= 4 && st[0] >= from && st[1] >= SPEED_MIN_BUSY * step }
+        return nil if busy.size < OUTSIDE_MIN_STEPS
+
+        held = busy.sum { |st| st[1] }
+        (busy.sum { |st| [st[3] - st[1], 0.0].max } / held).round(4)
       end
 
       def native_steadiness = Native::GVL.respond_to?(:steadiness) ? Native::GVL.steadiness : nil
