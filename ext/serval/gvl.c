@@ -14,13 +14,15 @@
  * working all the while it waited for the GVL. Inside a request, the hook
  * files such a wait as idle ("the link"): a short idle span (<=
  * SV_SEND_MAX_NS), a wait, a short run (< SV_LINK_RUN_NS), then an idle span
- * again. When that last idle span is itself short (< SV_LINK_IN_NS: a read
- * that found the answer in takes 5-50 us on a busy machine; the answer came
- * while the thread waited for the GVL, at an unknown instant), half the
- * wait is filed as idle. The request's shape gets the filed wait
- * on the second idle span, so the model (lib/serval/advice/workload.rb)
- * sees the remote's whole time from the send: without this, the more
- * threads contend, the shorter the measured I/O looks.
+ * of at least SV_LINK_IN_NS - the answer still had not come when the GVL
+ * came back. A short second idle span files nothing: a chain of local
+ * system calls (Rack's static-file stat()s, 4 us each, a few us of Ruby
+ * between) looks the same and its waits are real stall; an answer that came
+ * while the thread waited for the GVL stays stall too, as before. The
+ * request's shape gets the filed wait on the second idle span, so the model
+ * (lib/serval/advice/workload.rb) sees the remote's whole time from the
+ * send: without this, the more threads contend, the shorter the measured
+ * I/O looks.
  *
  * The hook never allocates and never calls Ruby: per-thread state lives in a
  * fixed table of SV_GVL_SLOTS slots, claimed with a CAS on a thread's first
@@ -66,7 +68,7 @@ __thread int sv_gvl_yielding; /* fairness.c's preemption in progress (serval_rub
 #define SV_IO_MIN_NS 10000          /* an idle period this long or longer counts as an I/O wait */
 #define SV_SEND_MAX_NS 200000       /* an idle span this short may be a send (link, below) */
 #define SV_LINK_RUN_NS 100000       /* a held span this short between two I/O spans joins them (link) */
-#define SV_LINK_IN_NS 100000        /* a second idle span this short: the answer was in already (link) */
+#define SV_LINK_IN_NS 100000        /* a second idle span at least this long: the answer was still out (link) */
 
 enum { SV_GVL_RUN = 0, SV_GVL_IDLE = 1, SV_GVL_WAIT = 2 };
 
@@ -155,10 +157,12 @@ static void link_step(sv_gvl_slot *s, int next, uint64_t dt)
 {
     if (s->state == SV_GVL_IDLE && next == SV_GVL_WAIT) {
         if (s->link == 2) {
-            uint64_t filed = dt >= SV_LINK_IN_NS ? s->link_wait : s->link_wait / 2;
-            atomic_fetch_sub_explicit(&s->ns[SV_GVL_WAIT], filed, memory_order_relaxed);
-            atomic_fetch_add_explicit(&s->ns[SV_GVL_IDLE], filed, memory_order_relaxed);
-            seg_add(s, 1, filed);
+            if (dt >= SV_LINK_IN_NS) {
+                uint64_t filed = s->link_wait;
+                atomic_fetch_sub_explicit(&s->ns[SV_GVL_WAIT], filed, memory_order_relaxed);
+                atomic_fetch_add_explicit(&s->ns[SV_GVL_IDLE], filed, memory_order_relaxed);
+                seg_add(s, 1, filed);
+            }
         }
         s->link = dt <= SV_SEND_MAX_NS ? 1 : 0;
         s->link_wait = 0;
