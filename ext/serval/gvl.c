@@ -156,13 +156,10 @@ static void seg_add(sv_gvl_slot *s, int kind, uint64_t dt)
 static void link_step(sv_gvl_slot *s, int next, uint64_t dt)
 {
     if (s->state == SV_GVL_IDLE && next == SV_GVL_WAIT) {
-        if (s->link == 2) {
-            if (dt >= SV_LINK_IN_NS) {
-                uint64_t filed = s->link_wait;
-                atomic_fetch_sub_explicit(&s->ns[SV_GVL_WAIT], filed, memory_order_relaxed);
-                atomic_fetch_add_explicit(&s->ns[SV_GVL_IDLE], filed, memory_order_relaxed);
-                seg_add(s, 1, filed);
-            }
+        if (s->link == 2 && dt >= SV_LINK_IN_NS) { /* the answer was still out: the wait was the remote's */
+            atomic_fetch_sub_explicit(&s->ns[SV_GVL_WAIT], s->link_wait, memory_order_relaxed);
+            atomic_fetch_add_explicit(&s->ns[SV_GVL_IDLE], s->link_wait, memory_order_relaxed);
+            seg_add(s, 1, s->link_wait);
         }
         s->link = dt <= SV_SEND_MAX_NS ? 1 : 0;
         s->link_wait = 0;

@@ -17,8 +17,8 @@
  * takes from the GVL's holder once the GVL is busy (Timing::Window's
  * outside_cpu, the model's tail_cpu).
  *
- * Costs: one wake-up and 2 clock reads per Ruby thread every step, on a
- * thread of its own; requests pay nothing. The last SV_STEADY_STEPS steps
+ * Costs: one wake-up, 2 clock reads per Ruby thread and one for the
+ * process every step, on a thread of its own; requests pay nothing. The last SV_STEADY_STEPS steps
  * are kept. Started by Native::GVL.enable (Ruby 3.2+), again in a forked
  * child. Linux: CPU clocks of other threads of the process.
  */
@@ -132,8 +132,9 @@ void sv_steadiness_start(void)
 }
 
 /* Native::GVL.steadiness -> [step seconds, [[at, held, cpu, proc], ...]
- * oldest first, seconds; proc: the process's CPU time in the step], the last SV_STEADY_STEPS steps; no steps before
- * Native::GVL.enable in this process. */
+ * oldest first, seconds; proc is the whole process's CPU time in the step],
+ * the last SV_STEADY_STEPS steps; no steps before Native::GVL.enable in
+ * this process. */
 static VALUE steadiness(VALUE mod)
 {
     sv_steady_step copy[SV_STEADY_STEPS];

@@ -37,7 +37,7 @@ module Serval
     # holders (its event loop, system calls without the GVL), which at
     # saturation is taken from the holder (Window#tail_cpu says how much).
     class Workload
-      LINK_SEND_MAX = 200e-6 # = Native::GVL::LINK_SEND_MAX (test/advice_workload_test.rb checks)
+      LINK_SEND_MAX = 200e-6 # = Native::GVL::LINK_SEND_MAX (test/gvl_test.rb checks)
       LINK_RUN_MAX = 100e-6  # = Native::GVL::LINK_RUN_MAX
 
       attr_reader :io_waits, :split, :tail_cpu

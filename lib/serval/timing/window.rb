@@ -99,7 +99,7 @@ module Serval
         outs = windows.select { |w| w[:outside_cpu] && w[:requests].to_i.positive? }
         if outs.any?
           merged[:outside_cpu] = (outs.sum { |w| w[:outside_cpu] * w[:requests].to_i } /
-                                  outs.sum { |w| w[:requests].to_i }).round(9)
+                                  outs.sum { |w| w[:requests].to_i }).round(4)
         end
         speeds = windows.flat_map { |w| Array(w[:cpu_speed]) }
         merged[:cpu_speed] = speeds.last(SPEED_CAP) if speeds.any?
