@@ -52,6 +52,13 @@ class SteadinessTest < Minitest::Test
     assert(shared.all? { |_at, held, _cpu| held > 0.2 }, "the spinning thread holds the GVL every step")
     # the process's CPU holds its Ruby threads' (and the sampler's own)
     assert((alone + shared).all? { |_at, _held, cpu, proc| proc >= cpu - 0.002 }, (alone + shared).inspect)
+    # the spinner is no request: its GVL time is held outside requests (5th
+    # figure, counted when a slice ends: summed over the steps, not per step)
+    steps = alone + shared
+    outside = steps.sum { |st| st[4] }
+    held = steps.sum { |st| st[1] }
+    assert_operator outside, :>=, 0.8 * held, steps.inspect
+    assert_operator outside, :<=, held + 0.05, steps.inspect
   ensure
     Process.kill(:KILL, rival) if rival
     Process.wait(rival) if rival

@@ -165,6 +165,24 @@ class TimingWindowTest < Minitest::Test
     assert_in_delta 0.08, W.merge([w, other])[:outside_cpu], 1e-9, "weighted by requests"
   end
 
+  # gvl_between: the GVL held outside requests per second held in them, over
+  # the window's busy steps.
+  def test_gvl_between_from_busy_steps
+    T.window_reset(START - 10)
+    100.times { |i| record(START + 1 + (i * 0.01)) }
+    busy = Array.new(8) { |i| [START - 9 + (i * 0.25), 0.21, 0.21, 0.22, 0.01] } # 0.01 of 0.21 between requests
+    quiet = [[START - 1.0, 0.02, 0.02, 0.02, 0.02]]                             # an app thread alone: left out
+    w = W.read(now: START + 5, gvl_split: true, steadiness: [0.25, busy + quiet])
+    assert_in_delta 0.05, w[:gvl_between], 1e-9
+    refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, busy.first(3)]).key?(:gvl_between),
+           "fewer than #{W::OUTSIDE_MIN_STEPS} busy steps"
+    refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, busy.map { |st| st.first(4) }]).key?(:gvl_between),
+           "steps without it (an older build)"
+    refute W.read(now: START + 5, gvl_split: false, steadiness: [0.25, busy]).key?(:gvl_between), "no hook"
+    other = w.merge(requests: w[:requests] * 3, gvl_between: 0.09)
+    assert_in_delta 0.08, W.merge([w, other])[:gvl_between], 1e-9, "weighted by requests"
+  end
+
   def test_merge_bounds_the_samples
     big = { requests: 5000, sampled_from: 5000, gvl_split: true, samples: Array.new(3000) { { run: 0.001, idle: 0.0 } } }
     m = W.merge([big, big.dup])

@@ -336,6 +336,13 @@ int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu)
     return 1;
 }
 
+/* GVL time held outside a request's measured span, finished slices, ns
+ * (ext/serval/steadiness.c notes it per step). */
+uint64_t sv_gvl_outside_ns(void)
+{
+    return atomic_load_explicit(&outside_total, memory_order_relaxed);
+}
+
 /* Registers the hook once per process; in a forked child the inherited
  * registration is replaced and every slot (the parent's threads) dropped. */
 static VALUE gvl_enable(VALUE mod)
@@ -480,6 +487,11 @@ int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu)
 {
     (void)i, (void)claim, (void)held, (void)cpu;
     return 0; /* no hook, no slots (Ruby 3.1): the sampler never starts */
+}
+
+uint64_t sv_gvl_outside_ns(void)
+{
+    return 0;
 }
 #endif /* SV_GVL_HOOK */
 

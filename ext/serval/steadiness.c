@@ -15,7 +15,10 @@
  * what it used beyond the GVL's holders (the event loop, system calls made
  * without the GVL, switches between threads) is CPU a process with one CPU
  * takes from the GVL's holder once the GVL is busy (Timing::Window's
- * outside_cpu, the model's tail_cpu).
+ * outside_cpu, the model's tail_cpu). And the GVL time held outside any
+ * request (gvl.c: Serval's own work between requests, the app's threads):
+ * GVL capacity every request pays for beyond its own run (Timing::Window's
+ * gvl_between).
  *
  * Costs: one wake-up, 2 clock reads per Ruby thread and one for the
  * process every step, on a thread of its own; requests pay nothing. The last SV_STEADY_STEPS steps
@@ -40,6 +43,7 @@ typedef struct {
     uint64_t held;                      /* GVL held, ns, by the threads probed */
     uint64_t cpu;                       /* their CPU time, ns */
     uint64_t proc;                      /* the whole process's CPU time, ns (every thread: the loop too) */
+    uint64_t outside;                   /* GVL held outside requests, ns (finished slices) */
 } sv_steady_step;
 
 static sv_steady_step ring[SV_STEADY_STEPS];
@@ -70,6 +74,7 @@ static void *sampler(void *arg)
     (void)arg;
     uint64_t next = mono_ns();
     uint64_t proc0 = proc_ns();
+    uint64_t out0 = sv_gvl_outside_ns();
     for (;;) {
         next += SV_STEADY_STEP_NS;
         uint64_t now = mono_ns();
@@ -96,6 +101,7 @@ static void *sampler(void *arg)
             known[i] = 1;
         }
         uint64_t proc1 = proc_ns();
+        uint64_t out1 = sv_gvl_outside_ns();
         pthread_mutex_lock(&mu);
         sv_steady_step *s = &ring[ring_n % SV_STEADY_STEPS];
         s->at = (double)mono_ns() / 1e9;
@@ -103,6 +109,8 @@ static void *sampler(void *arg)
         s->cpu = dc;
         s->proc = proc1 >= proc0 ? proc1 - proc0 : 0;
         proc0 = proc1;
+        s->outside = out1 >= out0 ? out1 - out0 : 0;
+        out0 = out1;
         ring_n++;
         pthread_mutex_unlock(&mu);
     }
@@ -131,8 +139,9 @@ void sv_steadiness_start(void)
     pthread_attr_destroy(&attr);
 }
 
-/* Native::GVL.steadiness -> [step seconds, [[at, held, cpu, proc], ...]
- * oldest first, seconds; proc is the whole process's CPU time in the step],
+/* Native::GVL.steadiness -> [step seconds, [[at, held, cpu, proc, outside],
+ * ...] oldest first, seconds; proc is the whole process's CPU time in the
+ * step, outside the GVL time held outside requests (part of held)],
  * the last SV_STEADY_STEPS steps; no steps before Native::GVL.enable in
  * this process. */
 static VALUE steadiness(VALUE mod)
@@ -149,8 +158,9 @@ static VALUE steadiness(VALUE mod)
     VALUE steps = rb_ary_new_capa((long)(n - from));
     for (uint64_t k = from; k < n; k++) {
         sv_steady_step *s = &copy[k % SV_STEADY_STEPS];
-        rb_ary_push(steps, rb_ary_new_from_args(4, DBL2NUM(s->at), DBL2NUM((double)s->held / 1e9),
-                                                DBL2NUM((double)s->cpu / 1e9), DBL2NUM((double)s->proc / 1e9)));
+        rb_ary_push(steps, rb_ary_new_from_args(5, DBL2NUM(s->at), DBL2NUM((double)s->held / 1e9),
+                                                DBL2NUM((double)s->cpu / 1e9), DBL2NUM((double)s->proc / 1e9),
+                                                DBL2NUM((double)s->outside / 1e9)));
     }
     return rb_ary_new_from_args(2, DBL2NUM((double)SV_STEADY_STEP_NS / 1e9), steps);
 }

@@ -105,7 +105,7 @@ module Serval
           max_rps_per_process: chosen.rps.round(2), max_rps_per_machine: (chosen.rps * procs[:processes]).round(2),
           knee: knee, stall: { mean: chosen.stall_mean.round(6), p95: chosen.stall_p95.round(6) },
           workload: { mean_run: workload.mean_run.round(6), mean_io: workload.mean_io.round(6),
-                      io_waits: workload.io_waits, samples: @window.measured, tail_cpu: workload.tail_cpu.round(6),
+                      io_waits: workload.io_waits, samples: @window.measured, tail_cpu: workload.tail_cpu.round(6), gvl_between: @window.gvl_between,
                       estimated_stall: @estimated_stall&.round(6) },
           sweep: sweep.table, load: load_points(open_sim(workload, sim), threads, chosen.rps),
           precision: precision(workload, sim, threads, chosen.rps),

@@ -22,6 +22,8 @@ module Serval
     #     processes:   1,           # optional: processes merged into this window (cluster)
     #     cpu_speed:   [1.0, 0.97, 0.62, ...], # optional: the CPU's speed step by step (0.25 s), CPU time /
     #                               # GVL time held, as ext/serval/steadiness.c measures it (Simulation)
+    #     outside_cpu: 0.05,        # optional: the process's CPU beyond the GVL, per second held (tail_cpu)
+    #     gvl_between: 0.03,        # optional: GVL held outside requests per second held in them (tail_cpu)
     #     db_pools:    [{name: "primary", size: 5, ...}],  # optional, as in Server#stats
     #
     #     # Per-request figures, either paired records (preferred: keeps a
@@ -45,7 +47,7 @@ module Serval
       FIGURES = %i[run idle stall pool_wait queue wall cpu wait].freeze
 
       attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms, :processes,
-                  :handoff, :timeslice, :cpu_speed, :outside_cpu
+                  :handoff, :timeslice, :cpu_speed, :outside_cpu, :gvl_between
 
       def initialize(hash)
         h = symbolize(hash)
@@ -66,6 +68,8 @@ module Serval
         @cpu_speed = speeds_of(h[:cpu_speed])
         @outside_cpu = h[:outside_cpu] && Float(h[:outside_cpu]) # process CPU beyond the GVL, per second held
         raise ArgumentError, "outside_cpu must be in [0, 10]" if @outside_cpu && !(@outside_cpu >= 0 && @outside_cpu <= 10)
+        @gvl_between = h[:gvl_between] && Float(h[:gvl_between]) # GVL outside requests, per second inside
+        raise ArgumentError, "gvl_between must be in [0, 10]" if @gvl_between && !(@gvl_between >= 0 && @gvl_between <= 10)
         @pools = Array(h[:db_pools]).map { |p| { name: p[:name].to_s, size: Integer(p[:size]) } }
         @samples = samples_of(h)
         @histograms = (h[:histograms] || {}).slice(*FIGURES).compact
@@ -107,16 +111,22 @@ module Serval
         tail.positive? ? w.with_tail(tail) : w
       end
 
-      # Seconds per request the GVL's holder loses, once the GVL is busy, to
-      # the rest of its process on one CPU: the CPU the process used beyond
-      # the GVL (outside_cpu per second held, times the mean run) less what
-      # the model already charges as handoffs (one per CPU segment at
-      # saturation). The advice sizes one process per CPU, so the event
-      # loop and the system calls share the GVL holder's CPU.
+      # Seconds of GVL time per request beyond its measured run, added to its
+      # last CPU segment:
+      # - the GVL held outside requests (gvl_between per second of run, times
+      #   the mean run): Serval's work between two requests of a thread and
+      #   the app's own threads take the GVL from requests all the same;
+      # - what the GVL's holder loses, once the GVL is busy, to the rest of
+      #   its process on one CPU: the CPU the process used beyond the GVL
+      #   (outside_cpu per second held, times the mean run) less what the
+      #   model already charges as handoffs (one per CPU segment at
+      #   saturation). The advice sizes one process per CPU, so the event
+      #   loop and the system calls share the GVL holder's CPU.
       def tail_cpu(workload)
-        return 0.0 unless @outside_cpu
+        between = @gvl_between ? @gvl_between * workload.mean_run : 0.0
+        return between unless @outside_cpu
 
-        [(@outside_cpu * workload.mean_run) - (@handoff * workload.mean_segments), 0.0].max
+        between + [(@outside_cpu * workload.mean_run) - (@handoff * workload.mean_segments), 0.0].max
       end
 
       # Mean of one measured figure (nil when it was not recorded).

@@ -10,7 +10,7 @@ module Serval
     # Serval::Advice::Window takes (see lib/serval/advice/window.rb):
     #
     #   { requests:, seconds:, max_threads:, gvl_split:, ruby:, io_waits:, gvl_handoff:, gvl_handoffs:,
-    #     db_pools:, cpu_speed: [0.98, 1.0, 0.61, ...], outside_cpu: 0.07,
+    #     db_pools:, cpu_speed: [0.98, 1.0, 0.61, ...], outside_cpu: 0.07, gvl_between: 0.03,
     #     samples: [{queue:, run:, idle:, stall:, pool_wait:, wall:, shape:}],
     #     sampled_from:, histograms: {queue: {bounds:, counts:, sum:}, ...} }
     #
@@ -39,7 +39,7 @@ module Serval
       # now: monotonic seconds (tests inject it).
       # timeslice: seconds a request thread keeps the GVL from a waiting one
       # (fair_timeslice), nil for Ruby's own.
-      # steadiness: [step, [[at, held, cpu, proc], ...]] as
+      # steadiness: [step, [[at, held, cpu, proc, outside], ...]] as
       # Native::GVL.steadiness gives it (tests inject it).
       def read(now: nil, max_threads: nil, db_pools: nil, gvl_split: Native::GVL.enabled?, rng: Random.new,
                timeslice: nil, steadiness: :native)
@@ -65,6 +65,8 @@ module Serval
         window[:cpu_speed] = speeds if speeds
         outside = gvl_split && steadiness && outside_cpu(steadiness, from)
         window[:outside_cpu] = outside if outside
+        between = gvl_split && steadiness && gvl_between(steadiness, from)
+        window[:gvl_between] = between if between
         window[:db_pools] = db_pools if db_pools
         window[:timeslice] = timeslice if timeslice
         window
@@ -100,6 +102,11 @@ module Serval
         if outs.any?
           merged[:outside_cpu] = (outs.sum { |w| w[:outside_cpu] * w[:requests].to_i } /
                                   outs.sum { |w| w[:requests].to_i }).round(4)
+        end
+        betweens = windows.select { |w| w[:gvl_between] && w[:requests].to_i.positive? }
+        if betweens.any?
+          merged[:gvl_between] = (betweens.sum { |w| w[:gvl_between] * w[:requests].to_i } /
+                                  betweens.sum { |w| w[:requests].to_i }).round(4)
         end
         speeds = windows.flat_map { |w| Array(w[:cpu_speed]) }
         merged[:cpu_speed] = speeds.last(SPEED_CAP) if speeds.any?
@@ -150,6 +157,22 @@ module Serval
 
         held = busy.sum { |st| st[1] }
         (busy.sum { |st| [st[3] - st[1], 0.0].max } / held).round(4)
+      end
+
+      # The GVL held outside any request (Serval's own work between requests:
+      # picking one up, building its env, finishing the response; the app's
+      # and libraries' threads) per second held inside requests, over the
+      # window's busy steps: GVL capacity every request's run does not show.
+      # nil without OUTSIDE_MIN_STEPS busy steps that note it.
+      def gvl_between(steadiness, from)
+        step, steps = steadiness
+        busy = steps.select { |st| st.size >= 5 && st[0] >= from && st[1] >= SPEED_MIN_BUSY * step }
+        return nil if busy.size < OUTSIDE_MIN_STEPS
+
+        inside = busy.sum { |st| [st[1] - st[4], 0.0].max }
+        return nil unless inside.positive?
+
+        (busy.sum { |st| [st[4], 0.0].max } / inside).round(4)
       end
 
       def native_steadiness = Native::GVL.respond_to?(:steadiness) ? Native::GVL.steadiness : nil
