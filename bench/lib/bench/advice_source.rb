@@ -19,16 +19,30 @@ module Bench
   module AdviceSource
     module_function
 
-    # Flags to start Serval with so that both sources work.
-    def server_flags(control_port, token)
-      ["--log-requests", "--control-url", "tcp://127.0.0.1:#{control_port}", "--control-token", token]
+    # Flags to start Serval with. The access log (the second source) only
+    # with log: true (BENCH_ADVICE_FROM_LOG=1): writing a line per request
+    # holds the GVL outside requests, which the window measures
+    # (gvl_between) and the sweep's servers, which do not log, would not pay.
+    def server_flags(control_port, token, log: false)
+      (log ? ["--log-requests"] : []) + ["--control-url", "tcp://127.0.0.1:#{control_port}", "--control-token", token]
+    end
+
+    def log? = ENV["BENCH_ADVICE_FROM_LOG"] == "1"
+
+    # Requests in the server's window (control app GET /window); nil when
+    # it cannot be read.
+    def window_requests(port, token)
+      w = window(port, token)
+      w && Integer(w["requests"] || 0)
     end
 
     def token = SecureRandom.hex(16)
 
     def fetch(control_port:, token:, log_path:, threads:, seconds:, path_prefix: "GET /work")
-      from_control(control_port, token) ||
-        from_log(log_path, threads: threads, seconds: seconds, path_prefix: path_prefix)
+      return from_log(log_path, threads: threads, seconds: seconds, path_prefix: path_prefix) if log?
+
+      from_control(control_port, token) or raise Error, "the server has no control app GET /advice " \
+                                                        "(BENCH_ADVICE_FROM_LOG=1 builds the window from its access log)"
     end
 
     # GET /advice on the control app: nil when the endpoint does not exist

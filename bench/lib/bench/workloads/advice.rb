@@ -122,14 +122,15 @@ module Bench
         control_port = Util.free_port
         token = AdviceSource.token
         proc = AdviceServer.new(server, app: app_path("advice.ru"), port: Util.free_port, threads: window_threads(share),
-                                extra: AdviceSource.server_flags(control_port, token), db: db_path).start
+                                extra: AdviceSource.server_flags(control_port, token, log: AdviceSource.log?),
+                                db: db_path).start
         proc.wait_ready(path: "/")
         url = "http://127.0.0.1:#{proc.port}#{path(share)}"
         seconds = 0
         # Load in 5 s steps until the window holds enough requests (the
         # advice wants 1,000, and its precision grows with the samples, up to
         # 3,072 in a minute; 70 % CPU at 3 threads serves ~70 req/s).
-        while seconds < window_max_seconds && File.read(proc.log_path).scan("GET /work").size < window_requests
+        while seconds < window_max_seconds && counted(proc, control_port, token) < window_requests
           Wrk.run(ctx, url, duration: 5, connections: window_threads(share))
           seconds += 5
         end
@@ -139,6 +140,14 @@ module Bench
         advice
       ensure
         proc&.stop
+      end
+
+      # /work requests the advice will rest on: the server's window, or its
+      # access log when the advice comes from the log.
+      def counted(proc, control_port, token)
+        return File.read(proc.log_path).scan("GET /work").size if AdviceSource.log?
+
+        AdviceSource.window_requests(control_port, token) || 0
       end
 
       def closed(server, share, db_path, threads)
