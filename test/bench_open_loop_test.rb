@@ -14,6 +14,7 @@ class BenchOpenLoopTest < Minitest::Test
   def setup
     @server = TCPServer.new("127.0.0.1", 0)
     @threads = []
+    @paths = Queue.new
     @acceptor = Thread.new do
       loop do
         sock = @server.accept
@@ -32,6 +33,7 @@ class BenchOpenLoopTest < Minitest::Test
 
   def answer(sock)
     while (line = sock.gets("\r\n"))
+      @paths << line.split[1] if line.start_with?("GET ")
       next unless line == "\r\n"
 
       sock.write("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
@@ -56,6 +58,20 @@ class BenchOpenLoopTest < Minitest::Test
     assert_in_delta r[:p99_ms], Bench::Util.percentile(r[:latencies_ms], 0.99), 0.01
     assert_in_delta r[:p50_ms], Bench::Util.percentile(r[:latencies_ms], 0.5), 0.01
     refute run_open_loop.key?(:latencies_ms), "latencies only when asked"
+  end
+
+  # --tag: request i of the schedule asks for r = seed x 10^7 + i, each once,
+  # so an app can draw the same work for it on every server.
+  def test_tag_numbers_every_scheduled_request_once
+    r = Bench::OpenLoop.new(host: "127.0.0.1", port: @server.addr[1], path: "/work?ms=20", rate: 200, duration: 0.5,
+                            warmup: 0.1, connections: 4, seed: 3, tag: true).run
+    paths = Array.new(@paths.size) { @paths.pop }
+    assert_equal r[:sent], paths.size
+    tags = paths.map { |p| p[%r{\A/work\?ms=20&r=(\d+)\z}, 1] }
+    assert tags.all?, paths.first(3).inspect
+    assert_equal (0...paths.size).map { |i| (3 * Bench::OpenLoop::TAG_BASE) + i }, tags.map(&:to_i).sort
+    run_open_loop
+    assert(Array.new(@paths.size) { @paths.pop }.all? { |p| p == "/" }, "no tag unless asked")
   end
 
   def test_percentile_of_nothing_is_nil_and_nearest_rank

@@ -8,7 +8,8 @@
 #       computing: an exponentially distributed amount of this thread's CPU
 #       time (mean ms x cpu) in q + 1 equal slices, with q queries between
 #       them, each asking the database to answer after an exponential delay
-#       of mean ms x (1 - cpu) / q
+#       of mean ms x (1 - cpu) / q; with r=N (open_loop.rb --tag) the
+#       request draws from Random.new(N): the same N, the same work
 #   else -> "hello"
 #
 # CPU is thread CPU time (time waiting for the GVL does not count as work).
@@ -34,8 +35,8 @@ def param(env, name, default)
   Float(env["QUERY_STRING"].to_s[/(?:\A|&)#{name}=([\d.]+)/, 1] || default)
 end
 
-def rng = Thread.current[:advice_rng] ||= Random.new(Thread.current.object_id)
-def exponential(mean) = -Math.log(1.0 - rng.rand) * mean
+def thread_rng = Thread.current[:advice_rng] ||= Random.new(Thread.current.object_id)
+def exponential(mean, rng) = -Math.log(1.0 - rng.rand) * mean
 
 def query(delay)
   db = (Thread.current[:advice_db] ||= UNIXSocket.new(DB_PATH))
@@ -53,10 +54,12 @@ run lambda { |env|
     total = param(env, "ms", 20) / 1000.0
     share = param(env, "cpu", 0.35)
     queries = param(env, "q", 2).to_i
-    slice = exponential(total * share) / (queries + 1)
+    tag = env["QUERY_STRING"].to_s[/(?:\A|&)r=(\d{1,18})(?:&|\z)/, 1]
+    rng = tag ? Random.new(Integer(tag, 10)) : thread_rng
+    slice = exponential(total * share, rng) / (queries + 1)
     burn(slice)
     queries.times do
-      query(exponential(total * (1 - share) / queries))
+      query(exponential(total * (1 - share) / queries, rng))
       burn(slice)
     end
     [200, HEADERS.merge("content-length" => "4"), ["work"]]

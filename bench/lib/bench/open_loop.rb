@@ -17,7 +17,7 @@ module Bench
   # seconds are sent but not counted.
   #
   #   ruby bench/lib/bench/open_loop.rb --url http://127.0.0.1:9292/work --rate 50 \
-  #        --duration 20 [--warmup 2] [--connections 64] [--seed 1] [--latencies]
+  #        --duration 20 [--warmup 2] [--connections 64] [--seed 1] [--tag] [--latencies]
   # prints one JSON object: rate, sent, completed, errors, late (sent more
   # than 10 ms after their time), p50_ms, p90_ms, p99_ms, max_ms, achieved_rps;
   # with --latencies also latencies_ms, every counted 200's latency (sorted),
@@ -29,10 +29,19 @@ module Bench
   # the span from the end of the warm-up to the last counted answer (a server
   # that falls behind answers the schedule's tail after `duration`, and
   # achieved_rps, counted over `duration`, would overstate it).
+  #
+  # --tag adds `r=N` to every request's query (N = seed x 10^7 + the
+  # request's place in the schedule): an app that draws a request's work from
+  # N (bench/apps/advice.ru) gives every server and thread count the same
+  # requests in the same order, so that runs with one seed differ only by the
+  # server (common random numbers) and not by which requests drew long.
   class OpenLoop
+    TAG_BASE = 10_000_000
     def initialize(host:, port:, path:, rate:, duration:, warmup: 2.0, connections: 64, seed: 1, timeout: 30.0,
-                   latencies: false)
+                   latencies: false, tag: false)
       raise ArgumentError, "rate must be > 0" unless rate.positive?
+
+      @tag = tag && [seed * TAG_BASE, path.include?("?") ? "&" : "?"]
 
       @host = host
       @port = port
@@ -92,21 +101,22 @@ module Bench
       @lock.synchronize do
         i = @next
         @next += 1
-        i < @schedule.size ? @schedule[i] : nil
+        i < @schedule.size ? [@schedule[i], i] : nil
       end
     end
 
     def worker(start)
       out = { latencies: [], shed: [], errors: 0, late: 0, last: 0.0 }
       sock = nil
-      while (at = take)
+      while (slot = take)
+        at, index = slot
         due = start + at
         wait = due - now
         sleep(wait) if wait.positive?
         out[:late] += 1 if now - due > 0.010 && at >= @warmup
         begin
           sock ||= TCPSocket.new(@host, @port).tap { |s| s.setsockopt(Socket::IPPROTO_TCP, Socket::TCP_NODELAY, 1) }
-          status, close = request(sock)
+          status, close = request(sock, index)
         rescue IOError, SystemCallError
           status = nil
         end
@@ -131,8 +141,9 @@ module Bench
     # One GET on a keep-alive connection. Returns [status, close]: the status
     # code of a complete response (nil for none) and whether the server
     # closes the connection after it.
-    def request(sock)
-      sock.write("GET #{@path} HTTP/1.1\r\nHost: #{@host}:#{@port}\r\n\r\n")
+    def request(sock, index)
+      path = @tag ? "#{@path}#{@tag[1]}r=#{@tag[0] + index}" : @path
+      sock.write("GET #{path} HTTP/1.1\r\nHost: #{@host}:#{@port}\r\n\r\n")
       status = read_line(sock) or return [nil, true]
       length = nil
       close = false
@@ -168,11 +179,12 @@ if $PROGRAM_NAME == __FILE__
     op.on("--connections N", Integer) { |v| o[:connections] = v }
     op.on("--seed N", Integer) { |v| o[:seed] = v }
     op.on("--latencies") { o[:latencies] = true }
+    op.on("--tag") { o[:tag] = true }
   end.parse!
   abort "usage: open_loop.rb --url URL --rate R --duration S" unless o[:url] && o[:rate] && o[:duration]
   m = o[:url].match(%r{\Ahttp://([^:/]+):(\d+)(/.*)?\z}) or abort "open_loop.rb: --url must be http://HOST:PORT/PATH"
   lg = Bench::OpenLoop.new(host: m[1], port: Integer(m[2]), path: m[3] || "/", rate: o[:rate], duration: o[:duration],
                            warmup: o[:warmup], connections: o[:connections], seed: o[:seed],
-                           latencies: o.fetch(:latencies, false))
+                           latencies: o.fetch(:latencies, false), tag: o.fetch(:tag, false))
   puts JSON.generate(lg.run)
 end

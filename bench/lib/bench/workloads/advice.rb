@@ -296,7 +296,7 @@ module Bench
           url = "http://127.0.0.1:#{proc.port}#{path(share)}"
           argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), "--url", url,
                                  "--rate", rate.round(3).to_s, "--duration", open_seconds.to_s, "--warmup", "2",
-                                 "--seed", seed.to_s, "--latencies"])
+                                 "--seed", seed.to_s, "--latencies", "--tag"])
           status, out, timed_out = Util.capture(argv, timeout: open_seconds + 60)
           raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
 

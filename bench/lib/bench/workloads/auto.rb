@@ -184,7 +184,7 @@ module Bench
           warm = i.zero? ? auto_warmup : 0
           argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), "--url", url,
                                  "--rate", rate.to_s, "--duration", open_seconds.to_s, "--warmup", warm.to_s,
-                                 "--seed", (i + 1).to_s, "--latencies"])
+                                 "--seed", (i + 1).to_s, "--latencies", "--tag"])
           status, out, timed_out = Util.capture(argv, timeout: open_seconds + warm + 60)
           raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
 
