@@ -74,6 +74,16 @@ class BenchOpenLoopTest < Minitest::Test
     assert(Array.new(@paths.size) { @paths.pop }.all? { |p| p == "/" }, "no tag unless asked")
   end
 
+  # bench/run advice leaves a run out of its pooled p99 when the generator
+  # fell behind its schedule (more than 1 % of its requests sent late).
+  def test_a_run_behind_its_schedule_is_told_apart
+    advice = Bench::Workloads::Advice
+    assert advice.on_schedule?({ "sent" => 12_000, "late" => 0 })
+    assert advice.on_schedule?({ "sent" => 12_000, "late" => 120 })
+    refute advice.on_schedule?({ "sent" => 12_000, "late" => 240 })
+    refute advice.on_schedule?({ "sent" => 0, "late" => 2 })
+  end
+
   def test_percentile_of_nothing_is_nil_and_nearest_rank
     assert_nil Bench::Util.percentile([], 0.99)
     assert_equal 99, Bench::Util.percentile((1..100).to_a, 0.99)
