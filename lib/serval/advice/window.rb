@@ -23,7 +23,7 @@ module Serval
     #     cpu_speed:   [1.0, 0.97, 0.62, ...], # optional: the CPU's speed step by step (0.25 s), CPU time /
     #                               # GVL time held, as ext/serval/steadiness.c measures it (Simulation)
     #     outside_cpu: 0.05,        # optional: the process's CPU beyond the GVL, per second held (tail_cpu)
-    #     gvl_between: 0.03,        # optional: GVL held outside requests per second held in them (tail_cpu)
+    #     gvl_between: 0.03,        # optional: GVL held outside requests per second held in them (reported)
     #     db_pools:    [{name: "primary", size: 5, ...}],  # optional, as in Server#stats
     #
     #     # Per-request figures, either paired records (preferred: keeps a
@@ -111,22 +111,22 @@ module Serval
         tail.positive? ? w.with_tail(tail) : w
       end
 
-      # Seconds of GVL time per request beyond its measured run, added to its
-      # last CPU segment:
-      # - the GVL held outside requests (gvl_between per second of run, times
-      #   the mean run): Serval's work between two requests of a thread and
-      #   the app's own threads take the GVL from requests all the same;
-      # - what the GVL's holder loses, once the GVL is busy, to the rest of
-      #   its process on one CPU: the CPU the process used beyond the GVL
-      #   (outside_cpu per second held, times the mean run) less what the
-      #   model already charges as handoffs (one per CPU segment at
-      #   saturation). The advice sizes one process per CPU, so the event
-      #   loop and the system calls share the GVL holder's CPU.
+      # Seconds per request the GVL's holder loses, once the GVL is busy, to
+      # the rest of its process on one CPU: the CPU the process used beyond
+      # the GVL (outside_cpu per second held, times the mean run) less what
+      # the model already charges as handoffs (one per CPU segment at
+      # saturation). The advice sizes one process per CPU, so the event
+      # loop and the system calls share the GVL holder's CPU.
+      #
+      # The GVL held between requests (gvl_between) is reported, not
+      # charged: put on each request's path it made the model 8-11 % low on
+      # Rails (docs/tuning.md, Limits); that work overlaps the client's turn
+      # (the response's way out and the next request's way in), which the
+      # model does not play.
       def tail_cpu(workload)
-        between = @gvl_between ? @gvl_between * workload.mean_run : 0.0
-        return between unless @outside_cpu
+        return 0.0 unless @outside_cpu
 
-        between + [(@outside_cpu * workload.mean_run) - (@handoff * workload.mean_segments), 0.0].max
+        [(@outside_cpu * workload.mean_run) - (@handoff * workload.mean_segments), 0.0].max
       end
 
       # Mean of one measured figure (nil when it was not recorded).
