@@ -53,12 +53,14 @@ class SteadinessTest < Minitest::Test
     # the process's CPU holds its Ruby threads' (and the sampler's own)
     assert((alone + shared).all? { |_at, _held, cpu, proc| proc >= cpu - 0.002 }, (alone + shared).inspect)
     # the spinner is no request: its GVL time is held outside requests (5th
-    # figure, counted when a slice ends: summed over the steps, not per step)
+    # figure, counted when a slice ends, so a step gets whole slices of up to
+    # ~0.3 s, and a group's first step may get time from before it: compared
+    # summed, with room for a slice at each group's edge)
     steps = alone + shared
     outside = steps.sum { |st| st[4] }
     held = steps.sum { |st| st[1] }
-    assert_operator outside, :>=, 0.8 * held, steps.inspect
-    assert_operator outside, :<=, held + 0.05, steps.inspect
+    assert_operator outside, :>=, 0.75 * held, steps.inspect
+    assert_operator outside, :<=, 1.25 * held, steps.inspect
   ensure
     Process.kill(:KILL, rival) if rival
     Process.wait(rival) if rival
