@@ -98,15 +98,11 @@ module Serval
           merged[:gvl_handoff] = (handed.sum { |w| w[:gvl_handoff] * w[:gvl_handoffs].to_i } / n).round(9)
           merged[:gvl_handoffs] = n
         end
-        outs = windows.select { |w| w[:outside_cpu] && w[:requests].to_i.positive? }
-        if outs.any?
-          merged[:outside_cpu] = (outs.sum { |w| w[:outside_cpu] * w[:requests].to_i } /
-                                  outs.sum { |w| w[:requests].to_i }).round(4)
-        end
-        betweens = windows.select { |w| w[:gvl_between] && w[:requests].to_i.positive? }
-        if betweens.any?
-          merged[:gvl_between] = (betweens.sum { |w| w[:gvl_between] * w[:requests].to_i } /
-                                  betweens.sum { |w| w[:requests].to_i }).round(4)
+        %i[outside_cpu gvl_between].each do |key| # per-process ratios, weighted by requests
+          have = windows.select { |w| w[key] && w[:requests].to_i.positive? }
+          next if have.empty?
+
+          merged[key] = (have.sum { |w| w[key] * w[:requests].to_i } / have.sum { |w| w[:requests].to_i }).round(4)
         end
         speeds = windows.flat_map { |w| Array(w[:cpu_speed]) }
         merged[:cpu_speed] = speeds.last(SPEED_CAP) if speeds.any?
@@ -151,10 +147,7 @@ module Serval
       # request's cost). nil without OUTSIDE_MIN_STEPS such steps that note
       # the process's CPU.
       def outside_cpu(steadiness, from)
-        step, steps = steadiness
-        busy = steps.select { |st| st.size >= 4 && st[0] >= from && st[1] >= SPEED_MIN_BUSY * step }
-        return nil if busy.size < OUTSIDE_MIN_STEPS
-
+        busy = busy_steps(steadiness, from, 4) or return nil
         held = busy.sum { |st| st[1] }
         (busy.sum { |st| [st[3] - st[1], 0.0].max } / held).round(4)
       end
@@ -165,14 +158,20 @@ module Serval
       # window's busy steps: GVL capacity every request's run does not show.
       # nil without OUTSIDE_MIN_STEPS busy steps that note it.
       def gvl_between(steadiness, from)
-        step, steps = steadiness
-        busy = steps.select { |st| st.size >= 5 && st[0] >= from && st[1] >= SPEED_MIN_BUSY * step }
-        return nil if busy.size < OUTSIDE_MIN_STEPS
-
+        busy = busy_steps(steadiness, from, 5) or return nil
         inside = busy.sum { |st| [st[1] - st[4], 0.0].max }
         return nil unless inside.positive?
 
         (busy.sum { |st| [st[4], 0.0].max } / inside).round(4)
+      end
+
+      # The window's steps (since `from`) that note `fields` figures and in
+      # which the GVL was held at least SPEED_MIN_BUSY of the step; nil when
+      # fewer than OUTSIDE_MIN_STEPS.
+      def busy_steps(steadiness, from, fields)
+        step, steps = steadiness
+        busy = steps.select { |st| st.size >= fields && st[0] >= from && st[1] >= SPEED_MIN_BUSY * step }
+        busy.size < OUTSIDE_MIN_STEPS ? nil : busy
       end
 
       def native_steadiness = Native::GVL.respond_to?(:steadiness) ? Native::GVL.steadiness : nil
