@@ -96,6 +96,20 @@ class AutoControllerTest < Minitest::Test
     assert_equal [4, 6], targets
   end
 
+  # Serving all the model says the count can (a closed loop): the target is
+  # the fewest threads within 0.5 % of the model's best, not its 97 % knee.
+  def test_at_saturation_the_target_is_where_the_model_stops_gaining
+    model = { rps: [50, 90, 120, 135, 140, 142, 143, 143.5, 144, 144], stall: Array.new(10, 0.0) }
+    c = controller(initial: 4, step: 4, cooldown: 0, margin: 0)
+    2.times { c.observe(m(threads: 4, rps: 134, gvl: 0.99), model: model) }
+    # 0.995 x 144 = 143.3 -> 8 threads (97 % would be 5)
+    assert_equal 8, c.target
+    assert_match(/the model gives 8 threads 144 req\/s \(\+6 %, knee 8\)/, c.change_reason)
+    part = controller(initial: 4, step: 4, cooldown: 0, margin: 0)
+    2.times { part.observe(m(threads: 4, rps: 110, gvl: 0.9), model: model) }
+    assert_equal 5, part.target, "below 90 % of what 4 threads serve: the 97 % knee"
+  end
+
   def test_model_down_needs_stall_and_slack
     model = { rps: [50, 90, 120, 135, 140, 142, 143, 143, 143, 143, 143, 143], stall: Array.new(12, 0.0) }
     c = controller(initial: 12, cooldown: 0)

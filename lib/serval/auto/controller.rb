@@ -38,7 +38,12 @@ module Serval
     #
     # - up when requests queue (queue p90 above `queue_target`) and the model
     #   puts its target above the count (target: the fewest threads reaching
-    #   `fraction` of the model's best, plus `margin`),
+    #   `fraction` of the model's best, plus `margin`; at saturation - the
+    #   process serves at least `open_load` of what the model says the count
+    #   serves - `saturated_fraction`: there clients wait in the queue for
+    #   what the threads do not serve, so their latency is clients / req/s
+    #   and a thread that adds 1-3 % req/s shortens it, stall or not; the
+    #   model's curve also flattens a little earlier than measured sweeps),
     #   or, without a model, the GVL has headroom (held < `gvl_headroom`) and
     #   the stall is low (mean < `stall_share` of wall): one more;
     #   or, with a model that says hold, the GVL is still free part of the
@@ -86,6 +91,7 @@ module Serval
         stall_share: 0.25,    # stall mean above this share of wall: requests stall
         down_gain: 0.01,      # down: a measured thread that added less than this share is removed
         fraction: 0.97,       # model target: fewest threads reaching this share of its best ...
+        saturated_fraction: 0.995, # ... or this share while the process serves all the count can (saturation)
         margin: 0,            # ... plus this many (0: the model's knee is within one of the measured one
                               # either way since it charges the handoff and replays shapes; the probe
                               # finds a thread more where it pays:
@@ -196,10 +202,10 @@ module Serval
         n = @target
         rps = model[:rps].map(&:to_f)
         top = [cap, rps.size].min
-        knee = Controller.knee(rps[0, top], @s[:fraction])
+        here = rps[[n, rps.size].min - 1]
+        knee = Controller.knee(rps[0, top], saturated?(m, here) ? @s[:saturated_fraction] : @s[:fraction])
         @want = (knee + @s[:margin]).clamp(@min, top)
         want = [@want, ceiling].min
-        here = rps[[n, rps.size].min - 1]
         open = open_vote(m, model, cap, here)
         return open if open
 
@@ -227,7 +233,7 @@ module Serval
       # threads by itself: the prediction already counts it.
       def open_vote(m, model, cap, here_rps)
         p99 = model[:p99]
-        return nil unless p99 && m.rps < @s[:open_load] * here_rps
+        return nil unless p99 && !saturated?(m, here_rps)
 
         n = @target
         now = p99[[n, p99.size].min - 1]
@@ -244,6 +250,10 @@ module Serval
         [best > n ? :up : :down, best, format("%s: the model's p99 is %s at %d threads, %s at %d",
                                               load, ms(p99[best - 1]), best, ms(now), n)]
       end
+
+      # The process serves (near) all the model says its count can: a closed
+      # loop, or arrivals at or past capacity.
+      def saturated?(m, here_rps) = m.rps >= @s[:open_load] * here_rps
 
       def ms(seconds) = seconds.finite? ? format("%.0f ms", seconds * 1e3) : "unbounded"
 

@@ -8,8 +8,14 @@ module Bench
     # Issue #10's check of `threads :auto`: on bench/apps/advice.ru with the
     # stand-in database (as `advice`), per CPU share (70 and 35 %):
     #
-    # 1. closed loop, 16 wrk connections, fixed thread counts 2..8 (a fresh
-    #    server each, 1 s warm-up, BENCH_DURATION, median of rounds);
+    # 1. closed loop, 16 wrk connections, fixed thread counts 2..8, median
+    #    of rounds of BENCH_DURATION: each count measured the way auto is
+    #    (BENCH_AUTO_FIXED=aged, the default: one server, BENCH_AUTO_WARMUP
+    #    s of the load, the rounds back to back), or with
+    #    BENCH_AUTO_FIXED=fresh on a fresh server per round after 1 s (the
+    #    method before 2026-11-26, session 9: a server serves 3-5 % more
+    #    req/s at 30-48 s than at 2-8 s, so a fresh fixed count was compared
+    #    with an aged auto server);
     # 2. the same load against `-t auto`: one server, BENCH_AUTO_WARMUP
     #    seconds of the load for the controller to settle, then the same
     #    measurement rounds back to back; the thread count it chose and its
@@ -65,10 +71,7 @@ module Bench
       end
 
       def measure_auto(server, share, db_path)
-        runs = Hash.new { |h, k| h[k] = [] }
-        rounds.times do |round|
-          (round.even? ? fixed : fixed.reverse).each { |t| runs[t] << closed_c(server, share, db_path, t) }
-        end
+        runs = closed_sweep(server, share, db_path)
         sweep = fixed.map { |t| { "threads" => t, "rps" => median(runs[t].map { |r| r["rps"] }) } }
         best = sweep.max_by { |r| r["rps"] }
         auto = auto_closed(server, share, db_path)
@@ -77,8 +80,35 @@ module Bench
                        share, best["threads"], best["rps"], auto["rps"], ratio, auto["threads"].inspect)
         open = open? ? open_compare(server, share, db_path, best["rps"]) : nil
         ok = ratio >= 0.95 && (open.nil? || open["ok"])
-        { "share" => share, "sweep" => sweep, "best" => best, "auto" => auto, "ratio" => ratio, "open_loop" => open,
+        { "share" => share, "fixed_method" => fixed_method, "sweep" => sweep, "best" => best, "auto" => auto,
+          "ratio" => ratio, "open_loop" => open,
           "puma" => @puma && puma_beside(share, db_path, open && open["rate"]), "ok" => ok }
+      end
+
+      # threads => [{rps, p99_ms} per round], aged or fresh (class comment).
+      def closed_sweep(server, share, db_path)
+        runs = Hash.new { |h, k| h[k] = [] }
+        if fixed_method == "aged"
+          fixed.each { |t| runs[t] = closed_aged(server, share, db_path, t) }
+        else
+          rounds.times do |round|
+            (round.even? ? fixed : fixed.reverse).each { |t| runs[t] << closed_c(server, share, db_path, t) }
+          end
+        end
+        runs
+      end
+
+      # One server at a fixed count measured as auto is: BENCH_AUTO_WARMUP s
+      # of the load, then the rounds back to back.
+      def closed_aged(server, share, db_path, threads)
+        with_db_server(server, db_path, threads) do |proc|
+          url = "http://127.0.0.1:#{proc.port}#{path(share)}"
+          Wrk.run(ctx, url, duration: auto_warmup, connections: clients)
+          list = Array.new(rounds) { Wrk.run(ctx, url, duration: ctx.duration, connections: clients) }
+          ctx.log format("auto: cpu %.2f fixed %d threads (aged): rounds %s req/s", share, threads,
+                         list.map { |f| f["rps"].round(1) }.inspect)
+          list.map { |f| { "rps" => f["rps"], "p99_ms" => f["p99_ms"] } }
+        end
       end
 
       def closed_c(server, share, db_path, threads)
@@ -133,7 +163,11 @@ module Bench
       # Puma at a fixed count under the same closed loop (median of rounds)
       # and, with BENCH_AUTO_OPEN=1, the same open-loop rate.
       def puma_beside(share, db_path, rate)
-        closed = Array.new(rounds) { closed_c(@puma, share, db_path, puma_threads) }
+        closed = if fixed_method == "aged"
+                   closed_aged(@puma, share, db_path, puma_threads)
+                 else
+                   Array.new(rounds) { closed_c(@puma, share, db_path, puma_threads) }
+                 end
         out = { "threads" => puma_threads, "rps" => median(closed.map { |r| r["rps"] }) }
         if rate
           runs = if fixed_method == "aged"
