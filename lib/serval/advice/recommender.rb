@@ -82,7 +82,8 @@ module Serval
           return base.merge(summary: "advice: #{@warnings.first}")
         end
         profiles = workload.profiles(@s[:sim_requests], Random.new(@s[:seed]))
-        sim = Simulation.new(profiles, quantum: quantum, handoff: @window.handoff, speed: @window.cpu_speed)
+        @sim_options = workload.sim_options
+        sim = Simulation.new(profiles, quantum: quantum, handoff: @window.handoff, speed: @window.cpu_speed, **@sim_options)
         sweep = Sweep.new(sim, max: [@s[:sweep_max], @window.max_threads || 0].max, fraction: @s[:knee_fraction])
         knee = sweep.knee
         @reasons << format("throughput levels off at %d threads: %.1f req/s, %d %% of the best simulated (%.1f)",
@@ -175,7 +176,8 @@ module Serval
 
         info = { name: pool[:name], size: pool[:size], binds: threads > pool[:size] }
         if info[:binds]
-          over = Simulation.new(profiles, quantum: quantum, pool: pool[:size], handoff: @window.handoff).closed(threads)
+          over = Simulation.new(profiles, quantum: quantum, pool: pool[:size], handoff: @window.handoff,
+                                **@sim_options).closed(threads)
           info[:pool_wait_if_unchanged] = over.pool_wait_mean.round(6)
           @warnings << format(
             "the database pool binds: pool %s has %d connections and the knee is %d threads, so %d threads " \
@@ -198,8 +200,7 @@ module Serval
         return sim if n <= @s[:sim_requests]
 
         @open_sim ||= Simulation.new(workload.profiles(n, Random.new(@s[:seed])), quantum: quantum,
-                                                                                  handoff: @window.handoff,
-                                                                                  speed: @window.cpu_speed)
+                                     handoff: @window.handoff, speed: @window.cpu_speed, **workload.sim_options)
       end
 
       def load_points(sim, threads, max_rps)

@@ -37,6 +37,20 @@ module Serval
     #   is what lengthens a queue's tail near capacity (a second at 60 %
     #   speed leaves a backlog that the following requests wait behind).
     #   Closed-loop throughput is a long-run mean and ignores it.
+    # - `loop_cpu`: seconds of CPU per request that the rest of the process
+    #   spends beyond the GVL's holders (the event loop reading the next
+    #   request and writing the response, system calls without the GVL), on
+    #   the same CPU. It falls due as each request ends and runs while the
+    #   GVL is free (no one waits for it); what is still due when a thread
+    #   is granted the GVL runs first, lengthening that thread's hold. At
+    #   part load it hides in the GVL's idle time, at saturation every bit
+    #   of it is taken from the holders.
+    # - `between`: seconds per request a thread keeps the GVL after the
+    #   response is out (finishing the request: timing, the connection's
+    #   next step, Rack's response_finished callbacks - Rails' executor)
+    #   before it can take another request. The request's latency ends
+    #   before it; the next request, in a closed loop sent as soon as the
+    #   response arrives, waits for it in the queue.
     # - `scale`: every CPU segment that many times as long (what if the
     #   requests computed a little more or less: Recommender#precision).
     # - `threads` request threads. Closed loop (#closed): as many clients as
@@ -66,7 +80,8 @@ module Serval
 
       ORDERS = %i[fifo random].freeze
 
-      def initialize(profiles, quantum: QUANTUM, pool: nil, order: :fifo, seed: 1, handoff: 0.0, speed: nil, scale: 1.0)
+      def initialize(profiles, quantum: QUANTUM, pool: nil, order: :fifo, seed: 1, handoff: 0.0, speed: nil, scale: 1.0,
+                     loop_cpu: 0.0, between: 0.0)
         raise ArgumentError, "no request profiles" if profiles.empty?
         raise ArgumentError, "quantum must be > 0" unless quantum.positive?
         raise ArgumentError, "pool must be an Integer >= 1" unless pool.nil? || (pool.is_a?(Integer) && pool >= 1)
@@ -85,7 +100,12 @@ module Serval
         @scale = Float(scale)
         raise ArgumentError, "scale must be > 0" unless @scale.positive?
 
-        @options = { quantum: quantum, pool: pool, order: order, seed: seed, handoff: handoff, speed: speed }
+        @loop_cpu = Float(loop_cpu)
+        @between = Float(between)
+        raise ArgumentError, "loop_cpu and between must be >= 0" if @loop_cpu.negative? || @between.negative?
+
+        @options = { quantum: quantum, pool: pool, order: order, seed: seed, handoff: handoff, speed: speed,
+                     loop_cpu: loop_cpu, between: between }
       end
 
       # The same requests with every CPU segment `factor` times as long.
@@ -93,7 +113,8 @@ module Serval
 
       # Saturated: `threads` clients, each sending its next request as soon
       # as the previous one is answered.
-      def closed(threads)
+      def closed(threads, think: 0.0)
+        @think = Float(think)
         play(check(threads), nil, nil)
       end
 
@@ -101,6 +122,7 @@ module Serval
       def open(threads, rate:, rng: Random.new(1))
         raise ArgumentError, "rate must be > 0" unless rate.positive?
 
+        @think = 0.0
         t = 0.0
         arrivals = Array.new(@profiles.size) { t += -Math.log(1.0 - rng.rand) / rate }
         offset = @speed ? rng.rand * @speed.size * SPEED_STEP : 0.0
@@ -148,13 +170,16 @@ module Serval
         pick = @order == :random && Random.new(@seed)
         speeds = offset && @speed
         scale = @scale
+        loop_cpu = @loop_cpu
+        between = @between
+        due = 0.0 # loop_cpu not yet run (class comment)
 
         threads.times do |i|
           break if nxt >= n
 
           arr = arrivals ? arrivals[nxt] : 0.0
           prof[i] = @profiles[nxt]
-          rem[i] = prof[i][0] * scale
+          rem[i] = (prof[i][0] * scale) + (prof[i].size == 1 ? between : 0.0)
           arrived[i] = began[i] = ready[i] = arr
           nxt += 1
         end
@@ -173,6 +198,11 @@ module Serval
             end
           end
           start = gvl_free > t ? gvl_free + handoff : t
+          if due.positive? # the loop's work ran while the GVL was free; the rest runs first on this grant
+            due -= start - gvl_free if start > gvl_free
+            rem[i] += due if due.positive?
+            due = 0.0
+          end
           stall[i] += start - t
           asked[i] = t
           granted[i] = start
@@ -200,18 +230,21 @@ module Serval
           s = seg[i] + 1
           p = prof[i]
           if s >= p.size
-            finished << gvl_free
-            out[:latency] << (gvl_free - arrived[i])
-            out[:wall] << (gvl_free - began[i])
+            done = gvl_free - between # the response is out; the thread finishes the request
+            done = start if done < start
+            due += loop_cpu
+            finished << done
+            out[:latency] << (done - arrived[i])
+            out[:wall] << (done - began[i])
             out[:stall] << stall[i]
             out[:pool_wait] << pwait[i]
             out[:queue] << (began[i] - arrived[i])
             if nxt < n # the thread takes the next request: at once, or when it arrives
-              arr = arrivals ? arrivals[nxt] : gvl_free
+              arr = arrivals ? arrivals[nxt] : done + @think
               prof[i] = p = @profiles[nxt]
               nxt += 1
               seg[i] = 0
-              rem[i] = p[0] * scale
+              rem[i] = (p[0] * scale) + (p.size == 1 ? between : 0.0)
               arrived[i] = arr
               began[i] = ready[i] = arr > gvl_free ? arr : gvl_free
               stall[i] = pwait[i] = 0.0
@@ -239,7 +272,7 @@ module Serval
               ready[i] = gvl_free + io
             end
             seg[i] = s + 1
-            rem[i] = p[s + 1] * scale
+            rem[i] = (p[s + 1] * scale) + (s + 2 == p.size ? between : 0.0)
           end
         end
         summarize(threads, finished, out, busy)

@@ -22,7 +22,7 @@ module Serval
         current = workload
         stall = 0.0
         ROUNDS.times do
-          sim = Simulation.new(current.profiles(requests, Random.new(seed)))
+          sim = Simulation.new(current.profiles(requests, Random.new(seed)), **current.sim_options)
           # the window's rate can exceed what the inflated waits allow
           # closed; then the process was saturated at `threads`
           saturated = sim.closed(threads)

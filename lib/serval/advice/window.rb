@@ -108,7 +108,8 @@ module Serval
               Workload.new(run: run, io: scaled_io(idle), io_waits: @io_waits, split: split)
             end
         tail = tail_cpu(w)
-        tail.positive? ? w.with_tail(tail) : w
+        between = between_cpu(w)
+        tail.positive? || between.positive? ? w.with_tail(tail, between: between) : w
       end
 
       # Seconds per request the GVL's holder loses, once the GVL is busy, to
@@ -118,15 +119,20 @@ module Serval
       # saturation). The advice sizes one process per CPU, so the event
       # loop and the system calls share the GVL holder's CPU.
       #
-      # The GVL held between requests (gvl_between) is reported, not
-      # charged: put on each request's path it made the model 8-11 % low on
-      # Rails (docs/tuning.md, Limits); that work overlaps the client's turn
-      # (the response's way out and the next request's way in), which the
-      # model does not play.
+      # The Simulation runs it while the GVL is free and takes from the
+      # holders only what finds the GVL busy (its loop_cpu).
       def tail_cpu(workload)
         return 0.0 unless @outside_cpu
 
         [(@outside_cpu * workload.mean_run) - (@handoff * workload.mean_segments), 0.0].max
+      end
+
+      # Seconds per request a thread holds the GVL outside the request's
+      # measured span (gvl_between x mean run): played after the response
+      # is out (Simulation's `between`), where it delays the thread's next
+      # request, not this one's answer.
+      def between_cpu(workload)
+        @gvl_between ? @gvl_between * workload.mean_run : 0.0
       end
 
       # Mean of one measured figure (nil when it was not recorded).

@@ -32,17 +32,19 @@ module Serval
     # first: the Simulation has the thread ask again at start + R, however
     # long its own wait for the GVL in between was.
     #
-    # `tail_cpu`: seconds of GVL time added to every request's last CPU
-    # segment - the CPU a process with one CPU spends beyond the GVL's
-    # holders (its event loop, system calls without the GVL), which at
-    # saturation is taken from the holder (Window#tail_cpu says how much).
+    # `tail_cpu`: seconds of CPU per request that a process with one CPU
+    # spends beyond the GVL's holders (its event loop, system calls without
+    # the GVL), which at saturation is taken from the holders (Window#tail_cpu
+    # says how much); `between`: seconds per request a thread holds the GVL
+    # outside the request's measured span (Window#between_cpu). Neither is in
+    # the profiles: the Simulation plays them (#sim_options).
     class Workload
       LINK_SEND_MAX = 200e-6 # = Native::GVL::LINK_SEND_MAX (test/gvl_test.rb checks)
       LINK_RUN_MAX = 100e-6  # = Native::GVL::LINK_RUN_MAX
 
-      attr_reader :io_waits, :split, :tail_cpu
+      attr_reader :io_waits, :split, :tail_cpu, :between
 
-      def initialize(run: nil, io: nil, pairs: nil, io_waits: 1, split: :equal, tail_cpu: 0.0)
+      def initialize(run: nil, io: nil, pairs: nil, io_waits: 1, split: :equal, tail_cpu: 0.0, between: 0.0)
         @pairs = pairs&.map { |r, i, shape| shape ? [Float(r), Float(i), shape_of(shape)] : [Float(r), Float(i)] }
         @run = Distribution.from(run)
         @io = Distribution.from(io)
@@ -54,17 +56,23 @@ module Serval
 
         @split = split
         @tail_cpu = Float(tail_cpu)
-        raise ArgumentError, "tail_cpu must be >= 0" if @tail_cpu.negative?
+        @between = Float(between)
+        raise ArgumentError, "tail_cpu and between must be >= 0" if @tail_cpu.negative? || @between.negative?
       end
 
-      # The same requests with `seconds` of CPU added to each one's end.
-      def with_tail(seconds)
+      # The same requests with `seconds` of the process's CPU beyond the GVL
+      # per request, and `between` seconds of GVL held after each.
+      def with_tail(seconds, between: @between)
         copy = dup
         copy.instance_variable_set(:@tail_cpu, Float(seconds))
-        raise ArgumentError, "tail_cpu must be >= 0" if copy.tail_cpu.negative?
+        copy.instance_variable_set(:@between, Float(between))
+        raise ArgumentError, "tail_cpu and between must be >= 0" if copy.tail_cpu.negative? || copy.between.negative?
 
         copy
       end
+
+      # What Simulation.new takes from this workload beside its profiles.
+      def sim_options = { loop_cpu: @tail_cpu, between: @between }
 
       # Mean CPU segments per request: the GVL grants one request asks for.
       def mean_segments
@@ -79,10 +87,10 @@ module Serval
       def scale_io(factor)
         if @pairs
           Workload.new(pairs: @pairs.map { |r, i, shape| [r, i * factor, shape] }, io_waits: @io_waits, split: @split,
-                       tail_cpu: @tail_cpu)
+                       tail_cpu: @tail_cpu, between: @between)
         else
           Workload.new(run: @run, io: ScaledDistribution.new(@io, factor), io_waits: @io_waits, split: @split,
-                       tail_cpu: @tail_cpu)
+                       tail_cpu: @tail_cpu, between: @between)
         end
       end
 
@@ -100,9 +108,7 @@ module Serval
       def profiles(n, rng)
         Array.new(n) do
           run, io, shape = totals(rng)
-          prof = shape ? reshape(shape, run, io) : segments(run, io, rng)
-          prof[-1] += @tail_cpu
-          prof
+          shape ? reshape(shape, run, io) : segments(run, io, rng)
         end
       end
 

@@ -42,7 +42,8 @@ module Serval
 
         sim = Advice::Simulation.new(workload.profiles(REQUESTS, Random.new(SEED)),
                                      quantum: w.timeslice || Advice::Simulation::QUANTUM, handoff: w.handoff,
-                                     speed: w.cpu_speed) # open-loop p99 replays the measured CPU speed
+                                     speed: w.cpu_speed, # open-loop p99 replays the measured CPU speed
+                                     **workload.sim_options)
         rows = (1..max).map { |t| sim.closed(t) }
         { rps: rows.map(&:rps), stall: rows.map(&:stall_mean), p99: open_p99(sim, rows, rate, through.to_i), rate: rate,
           requests: w.requests, cpu_share: workload.cpu_share }

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "json"
+require "fileutils"
 require_relative "../advice_source"
 
 module Bench
@@ -137,9 +138,21 @@ module Bench
         advice = AdviceSource.fetch(control_port: control_port, token: token, log_path: proc.log_path,
                                     threads: window_threads(share), seconds: seconds)
         @windows[share] = AdviceSource.window(control_port, token)
+        save_window(share)
         advice
       ensure
         proc&.stop
+      end
+
+      # With BENCH_ADVICE_WINDOWS=DIR the advice's window is kept as
+      # DIR/window-SHARE.json, to replay other versions of the model on it
+      # against this run's sweep.
+      def save_window(share)
+        dir = ENV["BENCH_ADVICE_WINDOWS"]
+        return unless dir && @windows[share]
+
+        FileUtils.mkdir_p(dir)
+        File.write(File.join(dir, "window-#{share}.json"), JSON.generate(@windows[share]))
       end
 
       # /work requests the advice will rest on: the server's window, or its
