@@ -61,6 +61,12 @@ class SteadinessTest < Minitest::Test
     held = steps.sum { |st| st[1] }
     assert_operator outside, :>=, 0.75 * held, steps.inspect
     assert_operator outside, :<=, 1.25 * held, steps.inspect
+    # 6th figure: run-queue wait (schedstat), nil only where the kernel has
+    # none; sharing the CPU with a busy process makes the spinner wait
+    if File.readable?("/proc/self/schedstat")
+      assert(steps.all? { |st| st[5].is_a?(Float) && st[5] >= 0 }, steps.inspect)
+      assert_operator shared.sum { |st| st[5] }, :>, alone.sum { |st| st[5] } + 0.1, steps.inspect
+    end
   ensure
     Process.kill(:KILL, rival) if rival
     Process.wait(rival) if rival

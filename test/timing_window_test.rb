@@ -183,6 +183,26 @@ class TimingWindowTest < Minitest::Test
     assert_in_delta 0.08, W.merge([w, other])[:gvl_between], 1e-9, "weighted by requests"
   end
 
+  # cpu_wait: the threads' run-queue wait beyond what the holders lost
+  # while holding the GVL (held - cpu), per second held, over busy steps.
+  def test_cpu_wait_from_busy_steps
+    T.window_reset(START - 10)
+    100.times { |i| record(START + 1 + (i * 0.01)) }
+    # held 0.2, cpu 0.19 (0.01 preempted), waited 0.05: 0.04 beyond it
+    busy = Array.new(8) { |i| [START - 9 + (i * 0.25), 0.2, 0.19, 0.2, 0.0, 0.05] }
+    w = W.read(now: START + 5, gvl_split: true, steadiness: [0.25, busy])
+    assert_in_delta 0.2, w[:cpu_wait], 1e-9
+    unknown = busy.map { |st| st.first(5) + [nil] }
+    refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, unknown]).key?(:cpu_wait), "no schedstat"
+    refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, busy.map { |st| st.first(5) }]).key?(:cpu_wait),
+           "steps without it (an older build)"
+    other = w.merge(requests: w[:requests] * 3, cpu_wait: 0.6)
+    assert_in_delta 0.5, W.merge([w, other])[:cpu_wait], 1e-9, "weighted by requests"
+    advice = Serval::Advice::Window.new(w)
+    assert_in_delta 0.2, advice.cpu_wait
+    assert_raises(ArgumentError) { Serval::Advice::Window.new(w.merge(cpu_wait: -1)) }
+  end
+
   def test_merge_bounds_the_samples
     big = { requests: 5000, sampled_from: 5000, gvl_split: true, samples: Array.new(3000) { { run: 0.001, idle: 0.0 } } }
     m = W.merge([big, big.dup])

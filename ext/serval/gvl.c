@@ -308,7 +308,7 @@ static sv_gvl_slot *current_slot(uint64_t now)
  * older generation, or its CPU clock is unknown or unreadable (the thread
  * has just exited). A slot reclaimed between two probes shows another
  * claim count: the caller then starts over from the new values. */
-int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu)
+int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu, int *tid)
 {
     if (!hook || i < 0 || i >= SV_GVL_SLOTS)
         return 0;
@@ -317,6 +317,7 @@ int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu)
         !atomic_load_explicit(&s->has_clk, memory_order_acquire) || s->gen != atomic_load(&gen))
         return 0;
     *claim = atomic_load_explicit(&s->claim, memory_order_acquire);
+    *tid = *(volatile int *)&s->tid;
     /* finished slices first, then the slice in progress: read in this order,
      * a slice that ends in between is missed now and counted at the next
      * probe, never counted twice (the owner adds to ns before it changes
@@ -483,9 +484,9 @@ static VALUE gvl_trace_stop(VALUE mod)
 }
 
 #else
-int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu)
+int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu, int *tid)
 {
-    (void)i, (void)claim, (void)held, (void)cpu;
+    (void)i, (void)claim, (void)held, (void)cpu, (void)tid;
     return 0; /* no hook, no slots (Ruby 3.1): the sampler never starts */
 }
 

@@ -23,7 +23,8 @@ module Serval
     #     cpu_speed:   [1.0, 0.97, 0.62, ...], # optional: the CPU's speed step by step (0.25 s), CPU time /
     #                               # GVL time held, as ext/serval/steadiness.c measures it (Simulation)
     #     outside_cpu: 0.05,        # optional: the process's CPU beyond the GVL, per second held (tail_cpu)
-    #     gvl_between: 0.03,        # optional: GVL held outside requests per second held in them (reported)
+    #     gvl_between: 0.03,        # optional: GVL held outside requests per second held in them (between_cpu)
+    #     cpu_wait:    0.4,         # optional: threads' wait for a CPU beyond the holders', per second held (reported)
     #     db_pools:    [{name: "primary", size: 5, ...}],  # optional, as in Server#stats
     #
     #     # Per-request figures, either paired records (preferred: keeps a
@@ -47,7 +48,7 @@ module Serval
       FIGURES = %i[run idle stall pool_wait queue wall cpu wait].freeze
 
       attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms, :processes,
-                  :handoff, :timeslice, :cpu_speed, :outside_cpu, :gvl_between
+                  :handoff, :timeslice, :cpu_speed, :outside_cpu, :gvl_between, :cpu_wait
 
       def initialize(hash)
         h = symbolize(hash)
@@ -70,6 +71,8 @@ module Serval
         raise ArgumentError, "outside_cpu must be in [0, 10]" if @outside_cpu && !(@outside_cpu >= 0 && @outside_cpu <= 10)
         @gvl_between = h[:gvl_between] && Float(h[:gvl_between]) # GVL outside requests, per second inside
         raise ArgumentError, "gvl_between must be in [0, 10]" if @gvl_between && !(@gvl_between >= 0 && @gvl_between <= 10)
+        @cpu_wait = h[:cpu_wait] && Float(h[:cpu_wait]) # threads' wait for a CPU, per second held (reported)
+        raise ArgumentError, "cpu_wait must be in [0, 100]" if @cpu_wait && !(@cpu_wait >= 0 && @cpu_wait <= 100)
         @pools = Array(h[:db_pools]).map { |p| { name: p[:name].to_s, size: Integer(p[:size]) } }
         @samples = samples_of(h)
         @histograms = (h[:histograms] || {}).slice(*FIGURES).compact

@@ -10,7 +10,7 @@ module Serval
     # Serval::Advice::Window takes (see lib/serval/advice/window.rb):
     #
     #   { requests:, seconds:, max_threads:, gvl_split:, ruby:, io_waits:, gvl_handoff:, gvl_handoffs:,
-    #     db_pools:, cpu_speed: [0.98, 1.0, 0.61, ...], outside_cpu: 0.07, gvl_between: 0.03,
+    #     db_pools:, cpu_speed: [0.98, 1.0, 0.61, ...], outside_cpu: 0.07, gvl_between: 0.03, cpu_wait: 0.4,
     #     samples: [{queue:, run:, idle:, stall:, pool_wait:, wall:, shape:}],
     #     sampled_from:, histograms: {queue: {bounds:, counts:, sum:}, ...} }
     #
@@ -39,7 +39,7 @@ module Serval
       # now: monotonic seconds (tests inject it).
       # timeslice: seconds a request thread keeps the GVL from a waiting one
       # (fair_timeslice), nil for Ruby's own.
-      # steadiness: [step, [[at, held, cpu, proc, outside], ...]] as
+      # steadiness: [step, [[at, held, cpu, proc, outside, waited], ...]] as
       # Native::GVL.steadiness gives it (tests inject it).
       def read(now: nil, max_threads: nil, db_pools: nil, gvl_split: Native::GVL.enabled?, rng: Random.new,
                timeslice: nil, steadiness: :native)
@@ -67,6 +67,8 @@ module Serval
         window[:outside_cpu] = outside if outside
         between = gvl_split && steadiness && gvl_between(steadiness, from)
         window[:gvl_between] = between if between
+        waited = gvl_split && steadiness && cpu_wait(steadiness, from)
+        window[:cpu_wait] = waited if waited
         window[:db_pools] = db_pools if db_pools
         window[:timeslice] = timeslice if timeslice
         window
@@ -98,7 +100,7 @@ module Serval
           merged[:gvl_handoff] = (handed.sum { |w| w[:gvl_handoff] * w[:gvl_handoffs].to_i } / n).round(9)
           merged[:gvl_handoffs] = n
         end
-        %i[outside_cpu gvl_between].each do |key| # per-process ratios, weighted by requests
+        %i[outside_cpu gvl_between cpu_wait].each do |key| # per-process ratios, weighted by requests
           have = windows.select { |w| w[key] && w[:requests].to_i.positive? }
           next if have.empty?
 
@@ -163,6 +165,21 @@ module Serval
         return nil unless inside.positive?
 
         (busy.sum { |st| [st[4], 0.0].max } / inside).round(4)
+      end
+
+      # The Ruby threads' wait for a CPU (runnable, not running: Linux
+      # schedstat) beyond what their GVL holders lost while holding it
+      # (held - cpu), per second of GVL held, over the window's busy steps:
+      # on a busy CPU a thread whose I/O has finished waits for the CPU
+      # before it can ask for the GVL (reported, not modelled: docs/tuning.md,
+      # Limits). nil without OUTSIDE_MIN_STEPS busy steps that know it.
+      def cpu_wait(steadiness, from)
+        busy = busy_steps(steadiness, from, 6)&.select { |st| st[5] } or return nil
+        return nil if busy.size < OUTSIDE_MIN_STEPS
+
+        held = busy.sum { |st| st[1] }
+        waited = busy.sum { |st| st[5] - [st[1] - st[2], 0.0].max }
+        ([waited, 0.0].max / held).round(4)
       end
 
       # The window's steps (since `from`) that note `fields` figures and in
