@@ -101,23 +101,22 @@ module Bench
       # One server at a fixed count measured as auto is: BENCH_AUTO_WARMUP s
       # of the load, then the rounds back to back.
       def closed_aged(server, share, db_path, threads)
-        with_db_server(server, db_path, threads) do |proc|
-          url = "http://127.0.0.1:#{proc.port}#{path(share)}"
-          Wrk.run(ctx, url, duration: auto_warmup, connections: clients)
-          list = Array.new(rounds) { Wrk.run(ctx, url, duration: ctx.duration, connections: clients) }
-          ctx.log format("auto: cpu %.2f fixed %d threads (aged): rounds %s req/s", share, threads,
-                         list.map { |f| f["rps"].round(1) }.inspect)
-          list.map { |f| { "rps" => f["rps"], "p99_ms" => f["p99_ms"] } }
-        end
+        closed_runs(server, share, db_path, threads, warm: auto_warmup, count: rounds, label: "(aged)")
       end
 
+      # One fresh server, 1 s of warm-up, one round.
       def closed_c(server, share, db_path, threads)
+        closed_runs(server, share, db_path, threads, warm: warmup, count: 1, label: "(fresh)").first
+      end
+
+      def closed_runs(server, share, db_path, threads, warm:, count:, label:)
         with_db_server(server, db_path, threads) do |proc|
           url = "http://127.0.0.1:#{proc.port}#{path(share)}"
-          Wrk.run(ctx, url, duration: warmup, connections: clients)
-          f = Wrk.run(ctx, url, duration: ctx.duration, connections: clients)
-          ctx.log format("auto: cpu %.2f fixed %d threads: %.1f req/s p99 %s", share, threads, f["rps"], fmt_ms(f["p99_ms"]))
-          { "rps" => f["rps"], "p99_ms" => f["p99_ms"] }
+          Wrk.run(ctx, url, duration: warm, connections: clients)
+          list = Array.new(count) { Wrk.run(ctx, url, duration: ctx.duration, connections: clients) }
+          ctx.log format("auto: cpu %.2f fixed %d threads %s: rounds %s req/s", share, threads, label,
+                         list.map { |f| f["rps"].round(1) }.inspect)
+          list.map { |f| { "rps" => f["rps"], "p99_ms" => f["p99_ms"] } }
         end
       end
 
