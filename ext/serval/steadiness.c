@@ -21,7 +21,7 @@
  * gvl_between). And the threads' run-queue wait (Linux schedstat: runnable,
  * not on a CPU): on a busy CPU a thread whose I/O has finished waits for
  * the CPU before it can even ask for the GVL, time the GVL hook files as
- * idle; Timing::Window's cpu_wait takes it back out of the model's I/O.
+ * idle (Timing::Window's cpu_wait; reported, not modelled).
  *
  * Costs: one wake-up, 2 clock reads and one small /proc read per Ruby
  * thread and one clock read for the process every step, on a thread of its own; requests pay nothing. The last SV_STEADY_STEPS steps
@@ -74,7 +74,7 @@ static uint64_t proc_ns(void)
 }
 
 /* A thread's run-queue wait so far, ns (the second figure of
- * /proc/self/task/TID/schedstat); 0 when it cannot be read. */
+ * /proc/self/task/TID/schedstat) in *out; returns 0 when it cannot be read. */
 static int rq_wait_ns(int tid, uint64_t *out)
 {
     char path[64], buf[96];

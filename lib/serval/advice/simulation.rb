@@ -113,8 +113,7 @@ module Serval
 
       # Saturated: `threads` clients, each sending its next request as soon
       # as the previous one is answered.
-      def closed(threads, think: 0.0)
-        @think = Float(think)
+      def closed(threads)
         play(check(threads), nil, nil)
       end
 
@@ -122,7 +121,6 @@ module Serval
       def open(threads, rate:, rng: Random.new(1))
         raise ArgumentError, "rate must be > 0" unless rate.positive?
 
-        @think = 0.0
         t = 0.0
         arrivals = Array.new(@profiles.size) { t += -Math.log(1.0 - rng.rand) / rate }
         offset = @speed ? rng.rand * @speed.size * SPEED_STEP : 0.0
@@ -240,7 +238,7 @@ module Serval
             out[:pool_wait] << pwait[i]
             out[:queue] << (began[i] - arrived[i])
             if nxt < n # the thread takes the next request: at once, or when it arrives
-              arr = arrivals ? arrivals[nxt] : done + @think
+              arr = arrivals ? arrivals[nxt] : done
               prof[i] = p = @profiles[nxt]
               nxt += 1
               seg[i] = 0
