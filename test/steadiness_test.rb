@@ -61,12 +61,9 @@ class SteadinessTest < Minitest::Test
     held = steps.sum { |st| st[1] }
     assert_operator outside, :>=, 0.75 * held, steps.inspect
     assert_operator outside, :<=, 1.25 * held, steps.inspect
-    # 6th figure: run-queue wait (schedstat), nil only where the kernel has
-    # none; sharing the CPU with a busy process makes the spinner wait
-    if File.readable?("/proc/self/schedstat")
-      assert(steps.all? { |st| st[5].is_a?(Float) && st[5] >= 0 }, steps.inspect)
-      assert_operator shared.sum { |st| st[5] }, :>, alone.sum { |st| st[5] } + 0.1, steps.inspect
-    end
+    # 6th to 8th figures: the sampled in-request idle spans (none here: no
+    # requests; test/cpu_wait_test.rb serves some)
+    assert(steps.all? { |st| st.size == 8 && st[5].zero? && st[6].zero? && st[7].zero? }, steps.inspect)
   ensure
     Process.kill(:KILL, rival) if rival
     Process.wait(rival) if rival

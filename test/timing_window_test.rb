@@ -183,24 +183,28 @@ class TimingWindowTest < Minitest::Test
     assert_in_delta 0.08, W.merge([w, other])[:gvl_between], 1e-9, "weighted by requests"
   end
 
-  # cpu_wait: the threads' run-queue wait beyond what the holders lost
-  # while holding the GVL (held - cpu), per second held, over busy steps.
-  def test_cpu_wait_from_busy_steps
+  # idle_cpu_wait: the share of the sampled in-request idle spans (gvl.c) the
+  # threads spent ready, waiting for a CPU, over the window's steps, quiet
+  # or busy.
+  def test_cpu_wait_from_the_sampled_idle_spans
     T.window_reset(START - 10)
     100.times { |i| record(START + 1 + (i * 0.01)) }
-    # held 0.2, cpu 0.19 (0.01 preempted), waited 0.05: 0.04 beyond it
-    busy = Array.new(8) { |i| [START - 9 + (i * 0.25), 0.2, 0.19, 0.2, 0.0, 0.05] }
-    w = W.read(now: START + 5, gvl_split: true, steadiness: [0.25, busy])
-    assert_in_delta 0.2, w[:cpu_wait], 1e-9
-    unknown = busy.map { |st| st.first(5) + [nil] }
-    refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, unknown]).key?(:cpu_wait), "no schedstat"
-    refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, busy.map { |st| st.first(5) }]).key?(:cpu_wait),
+    # 0.01 s of 0.1 s idle waited for a CPU, 5 spans per step
+    steps = Array.new(8) { |i| [START - 9 + (i * 0.25), 0.2, 0.2, 0.2, 0.0, 0.01, 0.1, 5] }
+    old = [[START - 20, 0.2, 0.2, 0.2, 0.0, 0.1, 0.1, 50]] # before the window: left out
+    w = W.read(now: START + 5, gvl_split: true, steadiness: [0.25, old + steps])
+    assert_in_delta 0.1, w[:idle_cpu_wait], 1e-9
+    refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps.first(3)]).key?(:idle_cpu_wait),
+           "fewer than #{W::IDLE_CPU_WAIT_MIN_SPANS} spans"
+    refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps.map { |st| st.first(6) }]).key?(:idle_cpu_wait),
            "steps without it (an older build)"
-    other = w.merge(requests: w[:requests] * 3, cpu_wait: 0.6)
-    assert_in_delta 0.5, W.merge([w, other])[:cpu_wait], 1e-9, "weighted by requests"
+    refute W.read(now: START + 5, gvl_split: false, steadiness: [0.25, steps]).key?(:idle_cpu_wait), "no hook"
+    other = w.merge(requests: w[:requests] * 3, idle_cpu_wait: 0.3)
+    assert_in_delta 0.25, W.merge([w, other])[:idle_cpu_wait], 1e-9, "weighted by requests"
     advice = Serval::Advice::Window.new(w)
-    assert_in_delta 0.2, advice.cpu_wait
-    assert_raises(ArgumentError) { Serval::Advice::Window.new(w.merge(cpu_wait: -1)) }
+    assert_in_delta 0.1, advice.idle_cpu_wait
+    assert_raises(ArgumentError) { Serval::Advice::Window.new(w.merge(idle_cpu_wait: -0.1)) }
+    assert_raises(ArgumentError) { Serval::Advice::Window.new(w.merge(idle_cpu_wait: 1.0)) }
   end
 
   def test_merge_bounds_the_samples

@@ -24,6 +24,17 @@
  * send: without this, the more threads contend, the shorter the measured
  * I/O looks.
  *
+ * Waiting for a CPU. One in-request idle span in SV_RQ_EVERY, drawn at
+ * random, also has the thread's run-queue wait read at both ends (the second figure
+ * of Linux's /proc/thread-self/schedstat, one pread on a descriptor the
+ * native thread keeps): the part of the span in which the thread's wait
+ * was over - its answer had come - but it could not run to ask for the GVL
+ * because the CPU was busy. The hook files that time as idle; the advice
+ * model (lib/serval/advice/window.rb) takes it out of the I/O, because a
+ * thread that stands ready while another holds the GVL is, to the model, a
+ * thread waiting for the GVL. sv_gvl_idle_wait sums the sampled spans for
+ * ext/serval/steadiness.c.
+ *
  * The hook never allocates and never calls Ruby: per-thread state lives in a
  * fixed table of SV_GVL_SLOTS slots, claimed with a CAS on a thread's first
  * event and released on EXITED. The slot of a thread is found through
@@ -45,6 +56,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -69,6 +81,7 @@ __thread int sv_gvl_yielding; /* fairness.c's preemption in progress (serval_rub
 #define SV_SEND_MAX_NS 200000       /* an idle span this short may be a send (link, below) */
 #define SV_LINK_RUN_NS 100000       /* a held span this short between two I/O spans joins them (link) */
 #define SV_LINK_IN_NS 100000        /* a second idle span at least this long: the answer was still out (link) */
+#define SV_RQ_EVERY 16              /* one in-request idle span in this many, at random, has its run-queue wait read */
 
 enum { SV_GVL_RUN = 0, SV_GVL_IDLE = 1, SV_GVL_WAIT = 2 };
 
@@ -111,6 +124,10 @@ typedef struct {
     clockid_t clk;              /* the thread's CPU clock, valid once has_clk (steadiness.c reads it) */
     _Atomic int has_clk;
     _Atomic uint32_t claim;     /* bumped on every claim: a reader's values from another owner are stale */
+    uint32_t rq_rand;           /* xorshift state choosing the sampled spans; owner thread only */
+    int rq_on;                  /* the idle span in progress is sampled; owner thread only */
+    uint64_t rq_mark;           /* its run-queue wait and clock at the start; owner thread only */
+    uint64_t rq_at;
 } sv_gvl_slot;
 
 typedef struct {
@@ -128,6 +145,82 @@ static _Atomic uint64_t outside_total; /* of which outside a request's measured 
 static _Atomic uint64_t released_at;   /* when some thread last gave the GVL up */
 static _Atomic uint64_t handoff_total; /* GVL free while a thread waited for it, summed */
 static _Atomic uint64_t handoffs;      /* grants to a thread that was waiting when it came free */
+static _Atomic uint64_t rq_wait_total; /* sampled idle spans: run-queue wait in them, ns */
+static _Atomic uint64_t rq_span_total; /* their length, ns */
+static _Atomic uint64_t rq_spans;      /* how many */
+static __thread int rq_fd = -1;        /* this native thread's schedstat; -2: unreadable */
+static __thread int rq_gen;            /* the enable generation it was opened in (fork) */
+static __thread sv_gvl_slot *rq_slot;  /* the slot whose span this native thread marked */
+
+/* The calling native thread's run-queue wait so far, ns, in *out; 0 when
+ * it cannot be read (no /proc, a kernel without schedstat). */
+static int rq_read(uint64_t *out)
+{
+    int g = atomic_load_explicit(&gen, memory_order_relaxed);
+    if (rq_gen != g) { /* first use, or a forked child's inherited descriptor */
+        if (rq_fd >= 0)
+            close(rq_fd);
+        rq_fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+        if (rq_fd < 0)
+            rq_fd = -2;
+        rq_gen = g;
+    }
+    if (rq_fd < 0)
+        return 0;
+    char buf[96];
+    ssize_t n = pread(rq_fd, buf, sizeof(buf) - 1, 0);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    const char *p = buf;
+    while (*p >= '0' && *p <= '9') /* time on a CPU */
+        p++;
+    if (*p != ' ')
+        return 0;
+    p++;
+    uint64_t w = 0;
+    const char *digits = p;
+    while (*p >= '0' && *p <= '9')
+        w = w * 10 + (uint64_t)(*p++ - '0');
+    if (p == digits)
+        return 0;
+    *out = w;
+    return 1;
+}
+
+/* One call in SV_RQ_EVERY, at random: a request's spans come in a fixed
+ * order (send, answer, send, answer), and every Nth span would sample the
+ * same kind of span over and over. */
+static int rq_pick(sv_gvl_slot *s)
+{
+    uint32_t x = s->rq_rand ? s->rq_rand : (uint32_t)(uintptr_t)s | 1u;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    s->rq_rand = x;
+    return x % SV_RQ_EVERY == 0;
+}
+
+/* Samples one in-request idle span in SV_RQ_EVERY (top of file): ev has
+ * just moved s to next at now. */
+static void rq_step(sv_gvl_slot *s, rb_event_flag_t ev, int next, uint64_t now)
+{
+    uint64_t w;
+    if (s->rq_on) {
+        s->rq_on = 0;
+        if (ev == RUBY_INTERNAL_THREAD_EVENT_READY && rq_slot == s && rq_read(&w) && w >= s->rq_mark && now > s->rq_at) {
+            atomic_fetch_add_explicit(&rq_wait_total, w - s->rq_mark, memory_order_relaxed);
+            atomic_fetch_add_explicit(&rq_span_total, now - s->rq_at, memory_order_relaxed);
+            atomic_fetch_add_explicit(&rq_spans, 1, memory_order_relaxed);
+        }
+    }
+    if (next == SV_GVL_IDLE && ev == RUBY_INTERNAL_THREAD_EVENT_SUSPENDED && s->in_request && rq_pick(s) && rq_read(&w)) {
+        s->rq_on = 1;
+        s->rq_mark = w;
+        s->rq_at = now;
+        rq_slot = s;
+    }
+}
 
 /* Adds dt of kind 0 (GVL held) or 1 (idle) to the request's shape: even
  * entries are held, odd ones idle; a span of the kind just recorded extends
@@ -242,6 +335,7 @@ static sv_gvl_slot *slot_of(VALUE th, int state, uint64_t now, int own)
         c->req_idle0 = 0;
         c->nseg = 0;
         c->link = 0;
+        c->rq_on = 0;
         SLOT_SET(th, c);
         return c;
     }
@@ -289,9 +383,18 @@ static void on_event(rb_event_flag_t ev, const rb_internal_thread_event_data_t *
         s->state = next;
         s->since = now;
     }
+    if (s->rq_on || s->in_request)
+        rq_step(s, ev, next, now);
     if (s->tid && atomic_load_explicit(&tracing, memory_order_relaxed))
         trace_push(now, s->tid, next);
     if (ev == RUBY_INTERNAL_THREAD_EVENT_EXITED) {
+        if (rq_fd >= 0) { /* the native thread ends with its Ruby thread */
+            close(rq_fd);
+            rq_fd = -1;
+            rq_gen = 0;
+        }
+        s->rq_on = 0;
+        rq_slot = NULL;
         SLOT_SET(EVENT_THREAD(d), NULL);
         atomic_store(&s->used, 0);
     }
@@ -308,7 +411,7 @@ static sv_gvl_slot *current_slot(uint64_t now)
  * older generation, or its CPU clock is unknown or unreadable (the thread
  * has just exited). A slot reclaimed between two probes shows another
  * claim count: the caller then starts over from the new values. */
-int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu, int *tid)
+int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu)
 {
     if (!hook || i < 0 || i >= SV_GVL_SLOTS)
         return 0;
@@ -317,7 +420,6 @@ int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu, int *tid
         !atomic_load_explicit(&s->has_clk, memory_order_acquire) || s->gen != atomic_load(&gen))
         return 0;
     *claim = atomic_load_explicit(&s->claim, memory_order_acquire);
-    *tid = *(volatile int *)&s->tid;
     /* finished slices first, then the slice in progress: read in this order,
      * a slice that ends in between is missed now and counted at the next
      * probe, never counted twice (the owner adds to ns before it changes
@@ -342,6 +444,15 @@ int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu, int *tid
 uint64_t sv_gvl_outside_ns(void)
 {
     return atomic_load_explicit(&outside_total, memory_order_relaxed);
+}
+
+/* The sampled in-request idle spans so far (top of file): run-queue wait
+ * in them and their length, ns, and how many. */
+void sv_gvl_idle_wait(uint64_t out[3])
+{
+    out[0] = atomic_load_explicit(&rq_wait_total, memory_order_relaxed);
+    out[1] = atomic_load_explicit(&rq_span_total, memory_order_relaxed);
+    out[2] = atomic_load_explicit(&rq_spans, memory_order_relaxed);
 }
 
 /* Registers the hook once per process; in a forked child the inherited
@@ -445,6 +556,17 @@ static VALUE gvl_idle_in_request(VALUE mod, VALUE min_seconds)
     return LONG2NUM(n);
 }
 
+/* Native::GVL.idle_wait -> [run-queue wait, length, count]: the sampled
+ * in-request idle spans so far (top of file), seconds; nil without the hook. */
+static VALUE gvl_idle_wait(VALUE mod)
+{
+    if (!hook || hook_pid != getpid())
+        return Qnil;
+    uint64_t v[3];
+    sv_gvl_idle_wait(v);
+    return rb_ary_new_from_args(3, DBL2NUM((double)v[0] / 1e9), DBL2NUM((double)v[1] / 1e9), ULL2NUM(v[2]));
+}
+
 static VALUE gvl_trace_start(VALUE mod)
 {
     if (!hook)
@@ -484,15 +606,20 @@ static VALUE gvl_trace_stop(VALUE mod)
 }
 
 #else
-int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu, int *tid)
+int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu)
 {
-    (void)i, (void)claim, (void)held, (void)cpu, (void)tid;
+    (void)i, (void)claim, (void)held, (void)cpu;
     return 0; /* no hook, no slots (Ruby 3.1): the sampler never starts */
 }
 
 uint64_t sv_gvl_outside_ns(void)
 {
     return 0;
+}
+
+void sv_gvl_idle_wait(uint64_t out[3])
+{
+    out[0] = out[1] = out[2] = 0;
 }
 #endif /* SV_GVL_HOOK */
 
@@ -757,6 +884,7 @@ void sv_init_gvl(VALUE mNative)
     rb_define_singleton_method(m, "trace_start", gvl_trace_start, 0);
     rb_define_singleton_method(m, "trace_stop", gvl_trace_stop, 0);
     rb_define_singleton_method(m, "idle_in_request", gvl_idle_in_request, 1);
+    rb_define_singleton_method(m, "idle_wait", gvl_idle_wait, 0);
     sv_init_steadiness(m);
 #else
     rb_define_singleton_method(m, "enable", gvl_false, 0);
@@ -765,5 +893,6 @@ void sv_init_gvl(VALUE mNative)
     rb_define_singleton_method(m, "trace_start", gvl_unsupported, 0);
     rb_define_singleton_method(m, "trace_stop", gvl_unsupported, 0);
     rb_define_singleton_method(m, "idle_in_request", gvl_idle_nil, 1);
+    rb_define_singleton_method(m, "idle_wait", gvl_nil, 0);
 #endif
 }

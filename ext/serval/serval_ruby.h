@@ -48,8 +48,9 @@ extern __thread int sv_gvl_yielding;
 int sv_gvl_segments(float out[SV_SEGS]);
 /* GVL slots gvl.c tracks; sv_gvl_probe reads one for ext/serval/steadiness.c. */
 #define SV_GVL_SLOTS 512
-int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu, int *tid);
+int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu);
 uint64_t sv_gvl_outside_ns(void);
+void sv_gvl_idle_wait(uint64_t out[3]);
 void sv_steadiness_start(void);
 void sv_init_steadiness(VALUE mGVL);
 /* The rolling window (ext/serval/window.c): figures in this order. */

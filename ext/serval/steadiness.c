@@ -18,21 +18,19 @@
  * outside_cpu, the model's tail_cpu). And the GVL time held outside any
  * request (gvl.c: Serval's own work between requests, the app's threads):
  * GVL capacity every request pays for beyond its own run (Timing::Window's
- * gvl_between). And the threads' run-queue wait (Linux schedstat: runnable,
- * not on a CPU): on a busy CPU a thread whose I/O has finished waits for
- * the CPU before it can even ask for the GVL, time the GVL hook files as
- * idle (Timing::Window's cpu_wait; reported, not modelled).
+ * gvl_between). And what gvl.c's sampled idle spans found (sv_gvl_idle_wait):
+ * the run-queue wait inside them, their length and count - on a busy CPU a
+ * thread whose I/O has finished waits for the CPU before it can even ask
+ * for the GVL, time the GVL hook files as idle (Timing::Window's cpu_wait).
  *
- * Costs: one wake-up, 2 clock reads and one small /proc read per Ruby
- * thread and one clock read for the process every step, on a thread of its own; requests pay nothing. The last SV_STEADY_STEPS steps
+ * Costs: one wake-up and 2 clock reads per Ruby thread and one for the
+ * process every step, on a thread of its own; requests pay nothing. The last SV_STEADY_STEPS steps
  * are kept. Started by Native::GVL.enable (Ruby 3.2+), again in a forked
  * child. Linux: CPU clocks of other threads of the process.
  */
 #define _GNU_SOURCE 1 /* pthread_setname_np; as ruby/config.h */
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
@@ -50,7 +48,7 @@ typedef struct {
     uint64_t cpu;                       /* their CPU time, ns */
     uint64_t proc;                      /* the whole process's CPU time, ns (every thread: the loop too) */
     uint64_t outside;                   /* GVL held outside requests, ns (finished slices) */
-    int64_t waited;                     /* the threads' run-queue wait, ns; -1: not known (no schedstat) */
+    uint64_t idle_wait[3];              /* sampled in-request idle spans: run-queue wait, length (ns), count */
 } sv_steady_step;
 
 static sv_steady_step ring[SV_STEADY_STEPS];
@@ -73,42 +71,17 @@ static uint64_t proc_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* A thread's run-queue wait so far, ns (the second figure of
- * /proc/self/task/TID/schedstat) in *out; returns 0 when it cannot be read. */
-static int rq_wait_ns(int tid, uint64_t *out)
-{
-    char path[64], buf[96];
-    snprintf(path, sizeof(path), "/proc/self/task/%d/schedstat", tid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    char *end;
-    strtoull(buf, &end, 10); /* time on a CPU */
-    if (end == buf)
-        return 0;
-    char *p = end;
-    unsigned long long w = strtoull(p, &end, 10);
-    if (end == p)
-        return 0;
-    *out = (uint64_t)w;
-    return 1;
-}
-
 static void *sampler(void *arg)
 {
     static uint32_t claim[SV_GVL_SLOTS];
-    static uint64_t held[SV_GVL_SLOTS], cpu[SV_GVL_SLOTS], wait[SV_GVL_SLOTS];
-    static char waits[SV_GVL_SLOTS];
+    static uint64_t held[SV_GVL_SLOTS], cpu[SV_GVL_SLOTS];
     static char known[SV_GVL_SLOTS];
     (void)arg;
     uint64_t next = mono_ns();
     uint64_t proc0 = proc_ns();
     uint64_t out0 = sv_gvl_outside_ns();
+    uint64_t iw0[3], iw1[3];
+    sv_gvl_idle_wait(iw0);
     for (;;) {
         next += SV_STEADY_STEP_NS;
         uint64_t now = mono_ns();
@@ -117,35 +90,26 @@ static void *sampler(void *arg)
         struct timespec ts = {(time_t)(next / 1000000000ull), (long)(next % 1000000000ull)};
         while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
             ; /* any other error: take the step now rather than spin */
-        uint64_t dh = 0, dc = 0, dw = 0;
-        int any = 0, unread = 0;
+        uint64_t dh = 0, dc = 0;
         for (int i = 0; i < SV_GVL_SLOTS; i++) {
             uint32_t c;
-            uint64_t h, u, w = 0;
-            int tid = 0;
-            if (!sv_gvl_probe(i, &c, &h, &u, &tid)) {
+            uint64_t h, u;
+            if (!sv_gvl_probe(i, &c, &h, &u)) {
                 known[i] = 0;
                 continue;
             }
-            int wk = tid > 0 && rq_wait_ns(tid, &w);
             if (known[i] && claim[i] == c && h >= held[i] && u >= cpu[i]) {
                 dh += h - held[i];
                 dc += u - cpu[i];
-                any = 1;
-                if (wk && waits[i] && w >= wait[i])
-                    dw += w - wait[i];
-                else
-                    unread = 1;
             }
             claim[i] = c;
             held[i] = h;
             cpu[i] = u;
-            wait[i] = w;
-            waits[i] = (char)wk;
             known[i] = 1;
         }
         uint64_t proc1 = proc_ns();
         uint64_t out1 = sv_gvl_outside_ns();
+        sv_gvl_idle_wait(iw1);
         pthread_mutex_lock(&mu);
         sv_steady_step *s = &ring[ring_n % SV_STEADY_STEPS];
         s->at = (double)mono_ns() / 1e9;
@@ -155,7 +119,10 @@ static void *sampler(void *arg)
         proc0 = proc1;
         s->outside = out1 >= out0 ? out1 - out0 : 0;
         out0 = out1;
-        s->waited = any && !unread ? (int64_t)dw : -1;
+        for (int k = 0; k < 3; k++) {
+            s->idle_wait[k] = iw1[k] >= iw0[k] ? iw1[k] - iw0[k] : 0;
+            iw0[k] = iw1[k];
+        }
         ring_n++;
         pthread_mutex_unlock(&mu);
     }
@@ -185,10 +152,11 @@ void sv_steadiness_start(void)
 }
 
 /* Native::GVL.steadiness -> [step seconds, [[at, held, cpu, proc, outside,
- * waited], ...] oldest first, seconds; proc is the whole process's CPU time
- * in the step, outside the GVL time held outside requests (part of held),
- * waited the threads' run-queue wait (nil when schedstat could not be read
- * for every thread)],
+ * idle_wait, idle_sampled, spans], ...] oldest first, seconds; proc is the
+ * whole process's CPU time in the step, outside the GVL time held outside
+ * requests (part of held); gvl.c's sampled in-request idle spans that
+ * ended in the step: the run-queue wait in them, their length, their
+ * count],
  * the last SV_STEADY_STEPS steps; no steps before Native::GVL.enable in
  * this process. */
 static VALUE steadiness(VALUE mod)
@@ -205,10 +173,11 @@ static VALUE steadiness(VALUE mod)
     VALUE steps = rb_ary_new_capa((long)(n - from));
     for (uint64_t k = from; k < n; k++) {
         sv_steady_step *s = &copy[k % SV_STEADY_STEPS];
-        rb_ary_push(steps, rb_ary_new_from_args(6, DBL2NUM(s->at), DBL2NUM((double)s->held / 1e9),
+        rb_ary_push(steps, rb_ary_new_from_args(8, DBL2NUM(s->at), DBL2NUM((double)s->held / 1e9),
                                                 DBL2NUM((double)s->cpu / 1e9), DBL2NUM((double)s->proc / 1e9),
                                                 DBL2NUM((double)s->outside / 1e9),
-                                                s->waited < 0 ? Qnil : DBL2NUM((double)s->waited / 1e9)));
+                                                DBL2NUM((double)s->idle_wait[0] / 1e9),
+                                                DBL2NUM((double)s->idle_wait[1] / 1e9), ULL2NUM(s->idle_wait[2])));
     }
     return rb_ary_new_from_args(2, DBL2NUM((double)SV_STEADY_STEP_NS / 1e9), steps);
 }

@@ -113,6 +113,29 @@ class AdviceWindowTest < Minitest::Test
     assert_in_delta 0.05, advice[:workload][:gvl_between]
   end
 
+  # idle_cpu_wait (the share of idle a thread spent ready, waiting for a CPU)
+  # comes out of the model's I/O: the model plays that wait as stall. One
+  # thread alone gets the GVL at once, so its requests answer that much
+  # sooner; pool_wait comes out first, and histograms scale the same way;
+  # Ruby 3.1's figures (no hook, no split) are left as they are.
+  def test_the_wait_for_a_cpu_comes_out_of_the_io
+    samples = Array.new(200) { { run: 0.002, idle: 0.020, pool_wait: 0.002, shape: [0.001, 0.009, 0.0005, 0.009, 0.0005] } }
+    base = { requests: 200, io_waits: 2, samples: samples }
+    plain = Serval::Advice::Window.new(base).workload
+    ready = Serval::Advice::Window.new(base.merge(idle_cpu_wait: 0.25)).workload
+    assert_in_delta 0.018, plain.mean_io, 1e-12
+    assert_in_delta 0.018 * 0.75, ready.mean_io, 1e-12
+    assert_in_delta plain.mean_run, ready.mean_run, 1e-12
+    one = ->(w) { Serval::Advice::Simulation.new(w.profiles(500, Random.new(2)), **w.sim_options).closed(1) }
+    assert_in_delta one.call(plain).wall_p50 - (0.018 * 0.25), one.call(ready).wall_p50, 1e-9
+    hist = { bounds: [0.001, 0.01, 0.1], counts: [0, 0, 10, 0], sum: 0.2 }
+    histo = { requests: 10, histograms: { run: { bounds: [0.001, 0.01, 0.1], counts: [0, 10, 0, 0], sum: 0.02 }, idle: hist } }
+    assert_in_delta 0.75 * Serval::Advice::Window.new(histo).workload.mean_io,
+                    Serval::Advice::Window.new(histo.merge(idle_cpu_wait: 0.25)).workload.mean_io, 1e-12
+    old = Serval::Advice::Window.new(requests: 1, gvl_split: false, idle_cpu_wait: 0.25, samples: [{ cpu: 0.002, wall: 0.02 }])
+    assert_in_delta 0.018, old.workload.mean_io, 1e-12
+  end
+
   def test_a_shape_must_alternate_held_and_idle
     assert_raises(ArgumentError) { Serval::Advice::Workload.new(pairs: [[0.01, 0.01, [0.01, 0.01]]]) }
     assert_raises(ArgumentError) { Serval::Advice::Workload.new(pairs: [[0.01, 0.01, [0.01, -0.01, 0.01]]]) }

@@ -24,7 +24,7 @@ module Serval
     #                               # GVL time held, as ext/serval/steadiness.c measures it (Simulation)
     #     outside_cpu: 0.05,        # optional: the process's CPU beyond the GVL, per second held (tail_cpu)
     #     gvl_between: 0.03,        # optional: GVL held outside requests per second held in them (between_cpu)
-    #     cpu_wait:    0.4,         # optional: threads' wait for a CPU beyond the holders', per second held (reported)
+    #     idle_cpu_wait: 0.3,       # optional: share of the requests' idle time spent ready, waiting for a CPU
     #     db_pools:    [{name: "primary", size: 5, ...}],  # optional, as in Server#stats
     #
     #     # Per-request figures, either paired records (preferred: keeps a
@@ -43,12 +43,16 @@ module Serval
     #
     # The model's I/O is idle minus pool_wait: waiting for a database
     # connection is idle to the GVL but is the pool's doing, which the model
-    # adds back for a given pool size.
+    # adds back for a given pool size. And less idle_cpu_wait's share: a thread
+    # whose answer has come but that waits for a CPU (busy with the GVL's
+    # holder) before it can ask for the GVL is, to the model, a thread
+    # waiting for the GVL - it plays that wait as stall, so leaving it in
+    # the I/O would count it twice.
     class Window
       FIGURES = %i[run idle stall pool_wait queue wall cpu wait].freeze
 
       attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms, :processes,
-                  :handoff, :timeslice, :cpu_speed, :outside_cpu, :gvl_between, :cpu_wait
+                  :handoff, :timeslice, :cpu_speed, :outside_cpu, :gvl_between, :idle_cpu_wait
 
       def initialize(hash)
         h = symbolize(hash)
@@ -71,8 +75,8 @@ module Serval
         raise ArgumentError, "outside_cpu must be in [0, 10]" if @outside_cpu && !(@outside_cpu >= 0 && @outside_cpu <= 10)
         @gvl_between = h[:gvl_between] && Float(h[:gvl_between]) # GVL outside requests, per second inside
         raise ArgumentError, "gvl_between must be in [0, 10]" if @gvl_between && !(@gvl_between >= 0 && @gvl_between <= 10)
-        @cpu_wait = h[:cpu_wait] && Float(h[:cpu_wait]) # threads' wait for a CPU, per second held (reported)
-        raise ArgumentError, "cpu_wait must be in [0, 100]" if @cpu_wait && !(@cpu_wait >= 0 && @cpu_wait <= 100)
+        @idle_cpu_wait = h[:idle_cpu_wait] && Float(h[:idle_cpu_wait]) # share of idle spent ready, waiting for a CPU
+        raise ArgumentError, "idle_cpu_wait must be in [0, 1)" if @idle_cpu_wait && !(@idle_cpu_wait >= 0 && @idle_cpu_wait < 1)
         @pools = Array(h[:db_pools]).map { |p| { name: p[:name].to_s, size: Integer(p[:size]) } }
         @samples = samples_of(h)
         @histograms = (h[:histograms] || {}).slice(*FIGURES).compact
@@ -182,11 +186,11 @@ module Serval
       end
 
       # [run, io] of one request (with its shape when measured): io excludes
-      # pool_wait.
+      # pool_wait and, with the GVL split, idle_cpu_wait's share (class comment).
       def pair(s)
         pw = s[:pool_wait].to_f
         if @gvl_split && s[:run] && s[:idle]
-          pair = [Float(s[:run]), [Float(s[:idle]) - pw, 0.0].max]
+          pair = [Float(s[:run]), [Float(s[:idle]) - pw, 0.0].max * ready_factor]
           pair << s[:shape] if s[:shape].is_a?(Array) && s[:shape].size.odd?
           pair
         elsif s[:cpu] && s[:wall]
@@ -205,14 +209,18 @@ module Serval
       end
 
       # Histograms cannot subtract pool_wait request by request: scale idle
-      # so its mean drops by pool_wait's mean.
+      # so its mean drops by pool_wait's mean (and idle_cpu_wait's share).
       def scaled_io(idle)
         pw = dist(:pool_wait)&.mean.to_f
-        return idle if pw.zero? || idle.mean.zero?
+        factor = @gvl_split ? ready_factor : 1.0
+        return idle if (pw.zero? && factor == 1.0) || idle.mean.zero?
 
-        factor = [idle.mean - pw, 0.0].max / idle.mean
+        factor *= [idle.mean - pw, 0.0].max / idle.mean
         ScaledDistribution.new(idle, factor)
       end
+
+      # What remains of idle once the wait for a CPU is out (class comment).
+      def ready_factor = 1.0 - @idle_cpu_wait.to_f
 
       def symbolize(obj) = Keys.symbolize(obj)
     end

@@ -10,7 +10,7 @@ module Serval
     # Serval::Advice::Window takes (see lib/serval/advice/window.rb):
     #
     #   { requests:, seconds:, max_threads:, gvl_split:, ruby:, io_waits:, gvl_handoff:, gvl_handoffs:,
-    #     db_pools:, cpu_speed: [0.98, 1.0, 0.61, ...], outside_cpu: 0.07, gvl_between: 0.03, cpu_wait: 0.4,
+    #     db_pools:, cpu_speed: [0.98, 1.0, 0.61, ...], outside_cpu: 0.07, gvl_between: 0.03, idle_cpu_wait: 0.3,
     #     samples: [{queue:, run:, idle:, stall:, pool_wait:, wall:, shape:}],
     #     sampled_from:, histograms: {queue: {bounds:, counts:, sum:}, ...} }
     #
@@ -33,13 +33,14 @@ module Serval
       SPEED_MIN = 0.05      # a step's speed is at least this (a stopped CPU is not infinitely slow)
       SPEED_CAP = 1_000     # steps a merged window keeps
       OUTSIDE_MIN_STEPS = 4 # busy steps (1 s) needed for outside_cpu
+      IDLE_CPU_WAIT_MIN_SPANS = 20 # sampled idle spans needed for idle_cpu_wait
 
       module_function
 
       # now: monotonic seconds (tests inject it).
       # timeslice: seconds a request thread keeps the GVL from a waiting one
       # (fair_timeslice), nil for Ruby's own.
-      # steadiness: [step, [[at, held, cpu, proc, outside, waited], ...]] as
+      # steadiness: [step, [[at, held, cpu, proc, outside, idle_wait, idle_sampled, spans], ...]] as
       # Native::GVL.steadiness gives it (tests inject it).
       def read(now: nil, max_threads: nil, db_pools: nil, gvl_split: Native::GVL.enabled?, rng: Random.new,
                timeslice: nil, steadiness: :native)
@@ -67,8 +68,8 @@ module Serval
         window[:outside_cpu] = outside if outside
         between = gvl_split && steadiness && gvl_between(steadiness, from)
         window[:gvl_between] = between if between
-        waited = gvl_split && steadiness && cpu_wait(steadiness, from)
-        window[:cpu_wait] = waited if waited
+        waited = gvl_split && steadiness && idle_cpu_wait(steadiness, from)
+        window[:idle_cpu_wait] = waited if waited
         window[:db_pools] = db_pools if db_pools
         window[:timeslice] = timeslice if timeslice
         window
@@ -100,7 +101,7 @@ module Serval
           merged[:gvl_handoff] = (handed.sum { |w| w[:gvl_handoff] * w[:gvl_handoffs].to_i } / n).round(9)
           merged[:gvl_handoffs] = n
         end
-        %i[outside_cpu gvl_between cpu_wait].each do |key| # per-process ratios, weighted by requests
+        %i[outside_cpu gvl_between idle_cpu_wait].each do |key| # per-process ratios, weighted by requests
           have = windows.select { |w| w[key] && w[:requests].to_i.positive? }
           next if have.empty?
 
@@ -167,19 +168,22 @@ module Serval
         (busy.sum { |st| [st[4], 0.0].max } / inside).round(4)
       end
 
-      # The Ruby threads' wait for a CPU (runnable, not running: Linux
-      # schedstat) beyond what their GVL holders lost while holding it
-      # (held - cpu), per second of GVL held, over the window's busy steps:
-      # on a busy CPU a thread whose I/O has finished waits for the CPU
-      # before it can ask for the GVL (reported, not modelled: docs/tuning.md,
-      # Limits). nil without OUTSIDE_MIN_STEPS busy steps that know it.
-      def cpu_wait(steadiness, from)
-        busy = busy_steps(steadiness, from, 6)&.select { |st| st[5] } or return nil
-        return nil if busy.size < OUTSIDE_MIN_STEPS
+      # The share of the requests' idle time in which the thread was ready
+      # to run but waited for a CPU (runnable, not running: Linux schedstat,
+      # read at both ends of one in-request idle span in 16 by the GVL hook,
+      # ext/serval/gvl.c), over the window's steps: on a busy CPU a thread
+      # whose I/O has finished waits for the CPU before it can ask for the
+      # GVL, and the hook files that as idle. The advice model takes it out
+      # of the I/O (Advice::Window). nil before IDLE_CPU_WAIT_MIN_SPANS spans.
+      def idle_cpu_wait(steadiness, from)
+        _step, steps = steadiness
+        steps = steps.select { |st| st.size >= 8 && st[0] >= from }
+        return nil if steps.sum { |st| st[7] } < IDLE_CPU_WAIT_MIN_SPANS
 
-        held = busy.sum { |st| st[1] }
-        waited = busy.sum { |st| st[5] - [st[1] - st[2], 0.0].max }
-        ([waited, 0.0].max / held).round(4)
+        spanned = steps.sum { |st| st[6] }
+        return nil unless spanned.positive?
+
+        (steps.sum { |st| st[5] } / spanned).clamp(0.0, 1.0).round(4)
       end
 
       # The window's steps (since `from`) that note `fields` figures and in

@@ -1,0 +1,71 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require_relative "support/subprocess_server"
+require "net/http"
+require "rbconfig"
+
+# ext/serval/gvl.c samples one in-request idle span in 16 and reads the
+# thread's run-queue wait (Linux schedstat) at both ends: the part of the
+# span in which the thread was ready but waited for a CPU. A real
+# exe/serval pinned to CPU 0 serves requests that sleep forty times: alone
+# on the CPU a woken thread runs at once; with three busy processes pinned
+# to the same CPU it waits its turn. The margins check that sharing
+# registers (measured here: 0.4 % alone, 17 % shared), not the scheduler's
+# exact figures.
+class CpuWaitTest < Minitest::Test
+  include Serval::SubprocessHelpers
+
+  APP = <<~RUBY
+    run lambda { |env|
+      if env["PATH_INFO"] == "/idle_wait"
+        [200, { "content-type" => "text/plain" }, [Serval::Native::GVL.idle_wait.join(" ")]]
+      else
+        40.times { sleep 0.0005 }
+        [200, { "content-type" => "text/plain" }, ["ok"]]
+      end
+    }
+  RUBY
+
+  def setup
+    skip "Ruby #{RUBY_VERSION} has no GVL event hook (needs 3.2+)" unless Serval::Native::GVL.supported?
+    skip "needs taskset (util-linux)" unless system("taskset", "-c", "0", "true", out: File::NULL, err: File::NULL)
+    skip "needs /proc/thread-self/schedstat" unless File.readable?("/proc/thread-self/schedstat")
+  end
+
+  def get(port, path)
+    Net::HTTP.start("127.0.0.1", port, open_timeout: 5, read_timeout: 10) { |h| h.get(path) }
+  end
+
+  # [wait, spanned, spans] of the sampled spans of n requests
+  def serve(port, n)
+    before = totals(port)
+    n.times { assert_equal "200", get(port, "/").code }
+    totals(port).zip(before).map { |a, b| a - b }
+  end
+
+  def totals(port) = get(port, "/idle_wait").body.split.map(&:to_f)
+
+  def test_a_busy_cpu_shows_in_the_sampled_idle_spans
+    server = spawn_server(command: ["taskset", "-c", "0", RbConfig.ruby, "-w", Serval::SubprocessServer::EXE,
+                                    "-b", "tcp://127.0.0.1:0", "-t", "1", "config.ru"],
+                          files: { "config.ru" => APP })
+    server.start
+    port = server.wait_for(/Listening on http:\/\/[^:]+:(\d+)/)[1].to_i
+    alone = serve(port, 40)
+    rivals = Array.new(3) { Process.spawn("taskset", "-c", "0", RbConfig.ruby, "-e", "loop {}") }
+    rivals.each { |pid| sleep 0.05 until File.read("/proc/#{pid}/stat").split[13].to_i.positive? }
+    shared = serve(port, 40)
+    [alone, shared].each do |wait, spanned, spans|
+      assert_operator spans, :>=, 20, "1 in 16 of 1,600 spans, at random: #{[alone, shared].inspect}"
+      assert_operator wait, :<=, spanned, "a span's wait is part of it"
+    end
+    assert_operator shared[0] / shared[1], :>=, 0.05, "shared: #{shared.inspect}"
+    assert_operator shared[0] / shared[1], :>=, (alone[0] / alone[1]) + 0.03, "alone #{alone.inspect}, shared #{shared.inspect}"
+  ensure
+    rivals&.each do |pid|
+      Process.kill(:KILL, pid)
+      Process.wait(pid)
+    end
+  end
+end
