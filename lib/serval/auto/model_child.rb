@@ -18,6 +18,23 @@ begin
 rescue SystemCallError
   nil # not allowed: run at the inherited priority
 end
+
+# On Linux, also the idle scheduling policy (SCHED_IDLE, 5) for this thread,
+# the one that runs the model: a request thread that wakes while the model
+# runs on the server's CPU takes the CPU at once, where at nice 19 alone it
+# can wait for the end of the child's slice. Through Fiddle (Ruby's own FFI);
+# without it, or not allowed, nice 19 stays.
+def idle_policy
+  return unless RUBY_PLATFORM.include?("linux")
+
+  require "fiddle"
+  set = Fiddle::Function.new(Fiddle::Handle::DEFAULT["sched_setscheduler"],
+                             [Fiddle::TYPE_INT, Fiddle::TYPE_INT, Fiddle::TYPE_VOIDP], Fiddle::TYPE_INT)
+  set.call(0, 5, [0].pack("i")) # sched_param { sched_priority = 0 }
+rescue LoadError, StandardError
+  nil
+end
+idle_policy
 $stdin.binmode
 $stdout.binmode
 

@@ -12,7 +12,9 @@ module Serval
     # a thread that request threads wait behind, and at 80 % load one run in
     # a 15 s measurement tripled p99 (docs/benchmarks.md, `bench/run auto`).
     # In a child it has its own GVL, and the kernel gives it the CPU the
-    # server leaves idle.
+    # server leaves idle (on Linux the child's model thread also takes the
+    # idle scheduling policy, so a waking request thread does not wait for
+    # the end of its slice: model_child.rb).
     #
     # The advice (Serval::Advice.recommend: the advice log's check and the
     # control app's /advice, 0.4 s and 2-3 s of CPU) runs there for the same
