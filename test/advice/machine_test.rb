@@ -50,7 +50,7 @@ class AdviceMachineTest < Minitest::Test
       cpus = Serval::Advice::Machine.new(root: root).cpus
       assert_in_delta 1.0, cpus[:usable], 1e-9
       assert_in_delta 2.0, cpus[:quota], 1e-9
-      assert cpus[:source].start_with?("sched affinity")
+      assert_equal "sched affinity (Cpus_allowed_list 3: 1)", cpus[:source], "the list as the kernel gives it, then the count"
     end
   end
 

@@ -31,7 +31,7 @@ module Serval
         quota, qsource = cpu_quota
         affinity = affinity_cpus
         usable = quota ? [quota, affinity].min : affinity.to_f
-        source = quota && quota < affinity ? qsource : "sched affinity (Cpus_allowed_list: #{affinity})"
+        source = quota && quota < affinity ? qsource : "sched affinity (Cpus_allowed_list #{@cpu_list || '?'}: #{affinity})"
         { usable: usable, quota: quota, affinity: affinity, source: source }
       end
 
@@ -134,6 +134,7 @@ module Serval
         list = read("proc/#{@pid}/status")&.[](/^Cpus_allowed_list:\s*(\S+)/, 1)
         return Etc.nprocessors unless list
 
+        @cpu_list = list
         list.split(",").sum do |range|
           lo, hi = range.split("-").map { |x| Integer(x) }
           hi ? hi - lo + 1 : 1
