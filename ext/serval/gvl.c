@@ -25,9 +25,9 @@
  * I/O looks.
  *
  * Waiting for a CPU. One in-request idle span in SV_RQ_EVERY, drawn at
- * random, also has the thread's run-queue wait read at both ends (the second figure
- * of Linux's /proc/thread-self/schedstat, one pread on a descriptor the
- * native thread keeps): the part of the span in which the thread's wait
+ * random, also has the thread's run-queue wait read at both ends (the
+ * second figure of Linux's /proc/thread-self/schedstat, one pread on a
+ * descriptor the native thread keeps): the part of the span in which the thread's wait
  * was over - its answer had come - but it could not run to ask for the GVL
  * because the CPU was busy. The hook files that time as idle; the advice
  * model (lib/serval/advice/window.rb) takes it out of the I/O, because a

@@ -29,9 +29,9 @@ module Serval
       # {usable:, quota:, affinity:, source:}
       def cpus
         quota, qsource = cpu_quota
-        affinity = affinity_cpus
+        affinity, list = affinity_cpus
         usable = quota ? [quota, affinity].min : affinity.to_f
-        source = quota && quota < affinity ? qsource : "sched affinity (Cpus_allowed_list #{@cpu_list || '?'}: #{affinity})"
+        source = quota && quota < affinity ? qsource : "sched affinity (Cpus_allowed_list #{list || '?'}: #{affinity})"
         { usable: usable, quota: quota, affinity: affinity, source: source }
       end
 
@@ -130,15 +130,17 @@ module Serval
         end
       end
 
+      # [CPUs the scheduler lets this process use, their list as the kernel
+      # gives it (nil without one: then every CPU)]
       def affinity_cpus
         list = read("proc/#{@pid}/status")&.[](/^Cpus_allowed_list:\s*(\S+)/, 1)
-        return Etc.nprocessors unless list
+        return [Etc.nprocessors, nil] unless list
 
-        @cpu_list = list
-        list.split(",").sum do |range|
+        count = list.split(",").sum do |range|
           lo, hi = range.split("-").map { |x| Integer(x) }
           hi ? hi - lo + 1 : 1
         end
+        [count, list]
       end
 
       def meminfo(field)
