@@ -10,9 +10,9 @@ require "rbconfig"
 # span in which the thread was ready but waited for a CPU. A real
 # exe/serval pinned to CPU 0 serves requests that sleep forty times: alone
 # on the CPU a woken thread runs at once; with three busy processes pinned
-# to the same CPU it waits its turn. The margins check that sharing
-# registers (measured here: 0.4 % alone, 17 % shared), not the scheduler's
-# exact figures.
+# to the same CPU it waits its turn. The margin checks that sharing
+# registers (measured here: 0.4 % alone, 4.6-19 % shared, lower while other
+# tests load the machine), not the scheduler's exact figures.
 class CpuWaitTest < Minitest::Test
   include Serval::SubprocessHelpers
 
@@ -60,8 +60,8 @@ class CpuWaitTest < Minitest::Test
       assert_operator spans, :>=, 20, "1 in 16 of 1,600 spans, at random: #{[alone, shared].inspect}"
       assert_operator wait, :<=, spanned, "a span's wait is part of it"
     end
-    assert_operator shared[0] / shared[1], :>=, 0.05, "shared: #{shared.inspect}"
-    assert_operator shared[0] / shared[1], :>=, (alone[0] / alone[1]) + 0.03, "alone #{alone.inspect}, shared #{shared.inspect}"
+    share = ->((wait, spanned, _)) { wait / spanned }
+    assert_operator share.call(shared), :>=, (2 * share.call(alone)) + 0.02, "alone #{alone.inspect}, shared #{shared.inspect}"
   ensure
     rivals&.each do |pid|
       Process.kill(:KILL, pid)
