@@ -199,12 +199,31 @@ class TimingWindowTest < Minitest::Test
     refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps.map { |st| st.first(6) }]).key?(:idle_cpu_wait),
            "steps without it (an older build)"
     refute W.read(now: START + 5, gvl_split: false, steadiness: [0.25, steps]).key?(:idle_cpu_wait), "no hook"
+    refute w.key?(:idle_send_wait), "8-figure steps say nothing of sends"
     other = w.merge(requests: w[:requests] * 3, idle_cpu_wait: 0.3)
     assert_in_delta 0.25, W.merge([w, other])[:idle_cpu_wait], 1e-9, "weighted by requests"
     advice = Serval::Advice::Window.new(w)
     assert_in_delta 0.1, advice.idle_cpu_wait
     assert_raises(ArgumentError) { Serval::Advice::Window.new(w.merge(idle_cpu_wait: -0.1)) }
     assert_raises(ArgumentError) { Serval::Advice::Window.new(w.merge(idle_cpu_wait: 1.0)) }
+  end
+
+  # The wait for a CPU inside sends whose answer was still out is the
+  # remote's time, not a wait for the GVL: it stays in the I/O (out of
+  # idle_cpu_wait); the GVL waits after such sends that the link missed
+  # come back as idle_send_wait, per second of sampled idle.
+  def test_the_wait_in_sends_stays_in_the_io
+    T.window_reset(START - 10)
+    100.times { |i| record(START + 1 + (i * 0.01)) }
+    # per step: 0.03 s of 0.1 s idle waited for a CPU, 0.01 s of it in sends; 0.02 s of GVL waits after them
+    steps = Array.new(8) { |i| [START - 9 + (i * 0.25), 0.2, 0.2, 0.2, 0.0, 0.03, 0.1, 5, 0.01, 0.02] }
+    w = W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps])
+    assert_in_delta 0.2, w[:idle_cpu_wait], 1e-9
+    assert_in_delta 0.2, w[:idle_send_wait], 1e-9
+    other = w.merge(requests: w[:requests] * 3, idle_send_wait: 0.4)
+    assert_in_delta 0.35, W.merge([w, other])[:idle_send_wait], 1e-9, "weighted by requests"
+    assert_in_delta 0.2, Serval::Advice::Window.new(w).idle_send_wait
+    assert_raises(ArgumentError) { Serval::Advice::Window.new(w.merge(idle_send_wait: -0.1)) }
   end
 
   def test_merge_bounds_the_samples

@@ -128,6 +128,11 @@ typedef struct {
     int rq_on;                  /* the idle span in progress is sampled; owner thread only */
     uint64_t rq_mark;           /* its run-queue wait and clock at the start; owner thread only */
     uint64_t rq_at;
+    int rq_send;                /* the sampled span that just ended was a send's (own time <= SV_SEND_MAX_NS):
+                                 * 1 the link follows it, 2 the link followed it only because it was sampled */
+    uint64_t rq_send_cw;        /* its run-queue wait */
+    int rq_next_on;             /* the link's second idle span has its run-queue wait read too (rq_next_mark) */
+    uint64_t rq_next_mark;
 } sv_gvl_slot;
 
 typedef struct {
@@ -148,6 +153,8 @@ static _Atomic uint64_t handoffs;      /* grants to a thread that was waiting wh
 static _Atomic uint64_t rq_wait_total; /* sampled idle spans: run-queue wait in them, ns */
 static _Atomic uint64_t rq_span_total; /* their length, ns */
 static _Atomic uint64_t rq_spans;      /* how many */
+static _Atomic uint64_t rq_send_cw;    /* of the wait, what fell in sends whose answer was still out, ns */
+static _Atomic uint64_t rq_send_wait;  /* GVL waits after sampled sends the link missed (long: preempted), ns */
 static __thread int rq_fd = -1;        /* this native thread's schedstat; -2: unreadable */
 static __thread int rq_gen;            /* the enable generation it was opened in (fork) */
 static __thread sv_gvl_slot *rq_slot;  /* the slot whose span this native thread marked */
@@ -209,12 +216,26 @@ static void rq_step(sv_gvl_slot *s, rb_event_flag_t ev, int next, uint64_t now)
     if (s->rq_on) {
         s->rq_on = 0;
         if (ev == RUBY_INTERNAL_THREAD_EVENT_READY && rq_slot == s && rq_read(&w) && w >= s->rq_mark && now > s->rq_at) {
-            atomic_fetch_add_explicit(&rq_wait_total, w - s->rq_mark, memory_order_relaxed);
-            atomic_fetch_add_explicit(&rq_span_total, now - s->rq_at, memory_order_relaxed);
+            uint64_t cw = w - s->rq_mark, len = now - s->rq_at;
+            atomic_fetch_add_explicit(&rq_wait_total, cw, memory_order_relaxed);
+            atomic_fetch_add_explicit(&rq_span_total, len, memory_order_relaxed);
             atomic_fetch_add_explicit(&rq_spans, 1, memory_order_relaxed);
+            if (cw < len && len - cw <= SV_SEND_MAX_NS && s->in_request) {
+                /* short but for the wait for a CPU: maybe a send (a preempted one when long) */
+                s->rq_send = len > SV_SEND_MAX_NS ? 2 : 1;
+                s->rq_send_cw = cw;
+                if (s->rq_send == 2) { /* the link (link_step) follows it too */
+                    s->link = 1;
+                    s->link_wait = 0;
+                }
+            }
         }
     }
-    if (next == SV_GVL_IDLE && ev == RUBY_INTERNAL_THREAD_EVENT_SUSPENDED && s->in_request && rq_pick(s) && rq_read(&w)) {
+    if (next == SV_GVL_IDLE && ev == RUBY_INTERNAL_THREAD_EVENT_SUSPENDED && s->rq_send && s->link == 2 && rq_read(&w)) {
+        s->rq_next_on = 1; /* a sampled send's link: its second span is read too, kept out of the sample (link_step) */
+        s->rq_next_mark = w;
+        rq_slot = s;
+    } else if (next == SV_GVL_IDLE && ev == RUBY_INTERNAL_THREAD_EVENT_SUSPENDED && s->in_request && rq_pick(s) && rq_read(&w)) {
         s->rq_on = 1;
         s->rq_mark = w;
         s->rq_at = now;
@@ -249,11 +270,21 @@ static void seg_add(sv_gvl_slot *s, int kind, uint64_t dt)
 static void link_step(sv_gvl_slot *s, int next, uint64_t dt)
 {
     if (s->state == SV_GVL_IDLE && next == SV_GVL_WAIT) {
-        if (s->link == 2 && dt >= SV_LINK_IN_NS) { /* the answer was still out: the wait was the remote's */
+        uint64_t w;
+        if (s->link == 2 && s->rq_send && s->rq_next_on && rq_slot == s && rq_read(&w) && w >= s->rq_next_mark &&
+            dt >= w - s->rq_next_mark + SV_LINK_IN_NS) {
+            /* a sampled send's answer was still out: the second span was that long without its wait for a CPU */
+            atomic_fetch_add_explicit(&rq_send_cw, s->rq_send_cw, memory_order_relaxed);
+            if (s->rq_send == 2)
+                atomic_fetch_add_explicit(&rq_send_wait, s->link_wait, memory_order_relaxed);
+        }
+        s->rq_next_on = 0;
+        if (s->link == 2 && dt >= SV_LINK_IN_NS && s->rq_send != 2) { /* the answer was still out: the wait was the remote's */
             atomic_fetch_sub_explicit(&s->ns[SV_GVL_WAIT], s->link_wait, memory_order_relaxed);
             atomic_fetch_add_explicit(&s->ns[SV_GVL_IDLE], s->link_wait, memory_order_relaxed);
             seg_add(s, 1, s->link_wait);
         }
+        s->rq_send = 0;
         s->link = dt <= SV_SEND_MAX_NS ? 1 : 0;
         s->link_wait = 0;
     } else if (s->state == SV_GVL_WAIT && next == SV_GVL_RUN && s->link == 1) {
@@ -336,6 +367,8 @@ static sv_gvl_slot *slot_of(VALUE th, int state, uint64_t now, int own)
         c->nseg = 0;
         c->link = 0;
         c->rq_on = 0;
+        c->rq_send = 0;
+        c->rq_next_on = 0;
         SLOT_SET(th, c);
         return c;
     }
@@ -448,11 +481,13 @@ uint64_t sv_gvl_outside_ns(void)
 
 /* The sampled in-request idle spans so far (top of file): run-queue wait
  * in them and their length, ns, and how many. */
-void sv_gvl_idle_wait(uint64_t out[3])
+void sv_gvl_idle_wait(uint64_t out[SV_IDLE_WAIT_FIGURES])
 {
     out[0] = atomic_load_explicit(&rq_wait_total, memory_order_relaxed);
     out[1] = atomic_load_explicit(&rq_span_total, memory_order_relaxed);
     out[2] = atomic_load_explicit(&rq_spans, memory_order_relaxed);
+    out[3] = atomic_load_explicit(&rq_send_cw, memory_order_relaxed);
+    out[4] = atomic_load_explicit(&rq_send_wait, memory_order_relaxed);
 }
 
 /* Registers the hook once per process; in a forked child the inherited
@@ -556,15 +591,17 @@ static VALUE gvl_idle_in_request(VALUE mod, VALUE min_seconds)
     return LONG2NUM(n);
 }
 
-/* Native::GVL.idle_wait -> [run-queue wait, length, count]: the sampled
- * in-request idle spans so far (top of file), seconds; nil without the hook. */
+/* Native::GVL.idle_wait -> [run-queue wait, length, count, wait in sends,
+ * waits after long sends]: the sampled in-request idle spans so far (top of
+ * file), seconds; nil without the hook. */
 static VALUE gvl_idle_wait(VALUE mod)
 {
     if (!hook || hook_pid != getpid())
         return Qnil;
-    uint64_t v[3];
+    uint64_t v[SV_IDLE_WAIT_FIGURES];
     sv_gvl_idle_wait(v);
-    return rb_ary_new_from_args(3, DBL2NUM((double)v[0] / 1e9), DBL2NUM((double)v[1] / 1e9), ULL2NUM(v[2]));
+    return rb_ary_new_from_args(5, DBL2NUM((double)v[0] / 1e9), DBL2NUM((double)v[1] / 1e9), ULL2NUM(v[2]),
+                                DBL2NUM((double)v[3] / 1e9), DBL2NUM((double)v[4] / 1e9));
 }
 
 static VALUE gvl_trace_start(VALUE mod)
@@ -617,9 +654,9 @@ uint64_t sv_gvl_outside_ns(void)
     return 0;
 }
 
-void sv_gvl_idle_wait(uint64_t out[3])
+void sv_gvl_idle_wait(uint64_t out[SV_IDLE_WAIT_FIGURES])
 {
-    out[0] = out[1] = out[2] = 0;
+    memset(out, 0, sizeof(uint64_t) * SV_IDLE_WAIT_FIGURES);
 }
 #endif /* SV_GVL_HOOK */
 

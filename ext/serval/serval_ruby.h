@@ -50,7 +50,9 @@ int sv_gvl_segments(float out[SV_SEGS]);
 #define SV_GVL_SLOTS 512
 int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu);
 uint64_t sv_gvl_outside_ns(void);
-void sv_gvl_idle_wait(uint64_t out[3]);
+/* gvl.c's sampled idle spans: run-queue wait, length, count, wait in sends, waits after long sends */
+#define SV_IDLE_WAIT_FIGURES 5
+void sv_gvl_idle_wait(uint64_t out[SV_IDLE_WAIT_FIGURES]);
 void sv_steadiness_start(void);
 void sv_init_steadiness(VALUE mGVL);
 /* The rolling window (ext/serval/window.c): figures in this order. */

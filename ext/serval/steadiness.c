@@ -48,7 +48,8 @@ typedef struct {
     uint64_t cpu;                       /* their CPU time, ns */
     uint64_t proc;                      /* the whole process's CPU time, ns (every thread: the loop too) */
     uint64_t outside;                   /* GVL held outside requests, ns (finished slices) */
-    uint64_t idle_wait[3];              /* sampled in-request idle spans: run-queue wait, length (ns), count */
+    uint64_t idle_wait[SV_IDLE_WAIT_FIGURES]; /* sampled in-request idle spans: run-queue wait, length (ns), count,
+                                         * wait in sends, GVL waits after long sends (gvl.c) */
 } sv_steady_step;
 
 static sv_steady_step ring[SV_STEADY_STEPS];
@@ -80,7 +81,7 @@ static void *sampler(void *arg)
     uint64_t next = mono_ns();
     uint64_t proc0 = proc_ns();
     uint64_t out0 = sv_gvl_outside_ns();
-    uint64_t iw0[3], iw1[3];
+    uint64_t iw0[SV_IDLE_WAIT_FIGURES], iw1[SV_IDLE_WAIT_FIGURES];
     sv_gvl_idle_wait(iw0);
     for (;;) {
         next += SV_STEADY_STEP_NS;
@@ -119,7 +120,7 @@ static void *sampler(void *arg)
         proc0 = proc1;
         s->outside = out1 >= out0 ? out1 - out0 : 0;
         out0 = out1;
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < SV_IDLE_WAIT_FIGURES; k++) {
             s->idle_wait[k] = iw1[k] >= iw0[k] ? iw1[k] - iw0[k] : 0;
             iw0[k] = iw1[k];
         }
@@ -152,11 +153,13 @@ void sv_steadiness_start(void)
 }
 
 /* Native::GVL.steadiness -> [step seconds, [[at, held, cpu, proc, outside,
- * idle_wait, idle_sampled, spans], ...] oldest first, seconds; proc is the
+ * idle_wait, idle_sampled, spans, send_wait, send_gvl], ...] oldest first,
+ * seconds; proc is the
  * whole process's CPU time in the step, outside the GVL time held outside
  * requests (part of held); gvl.c's sampled in-request idle spans that
  * ended in the step: the run-queue wait in them, their length, their
- * count],
+ * count, the part of that wait in sends whose answer was still out, the
+ * GVL waits after those of them the link missed],
  * the last SV_STEADY_STEPS steps; no steps before Native::GVL.enable in
  * this process. */
 static VALUE steadiness(VALUE mod)
@@ -173,11 +176,13 @@ static VALUE steadiness(VALUE mod)
     VALUE steps = rb_ary_new_capa((long)(n - from));
     for (uint64_t k = from; k < n; k++) {
         sv_steady_step *s = &copy[k % SV_STEADY_STEPS];
-        rb_ary_push(steps, rb_ary_new_from_args(8, DBL2NUM(s->at), DBL2NUM((double)s->held / 1e9),
+        rb_ary_push(steps, rb_ary_new_from_args(10, DBL2NUM(s->at), DBL2NUM((double)s->held / 1e9),
                                                 DBL2NUM((double)s->cpu / 1e9), DBL2NUM((double)s->proc / 1e9),
                                                 DBL2NUM((double)s->outside / 1e9),
                                                 DBL2NUM((double)s->idle_wait[0] / 1e9),
-                                                DBL2NUM((double)s->idle_wait[1] / 1e9), ULL2NUM(s->idle_wait[2])));
+                                                DBL2NUM((double)s->idle_wait[1] / 1e9), ULL2NUM(s->idle_wait[2]),
+                                                DBL2NUM((double)s->idle_wait[3] / 1e9),
+                                                DBL2NUM((double)s->idle_wait[4] / 1e9)));
     }
     return rb_ary_new_from_args(2, DBL2NUM((double)SV_STEADY_STEP_NS / 1e9), steps);
 }

@@ -134,6 +134,11 @@ class AdviceWindowTest < Minitest::Test
                     Serval::Advice::Window.new(histo.merge(idle_cpu_wait: 0.25)).workload.mean_io, 1e-12
     old = Serval::Advice::Window.new(requests: 1, gvl_split: false, idle_cpu_wait: 0.25, samples: [{ cpu: 0.002, wall: 0.02 }])
     assert_in_delta 0.018, old.workload.mean_io, 1e-12
+    # the remote's time the hook filed as stall (idle_send_wait) goes back in
+    sent = Serval::Advice::Window.new(base.merge(idle_cpu_wait: 0.25, idle_send_wait: 0.1)).workload
+    assert_in_delta 0.018 * 0.85, sent.mean_io, 1e-12
+    assert_in_delta 0.85 * Serval::Advice::Window.new(histo).workload.mean_io,
+                    Serval::Advice::Window.new(histo.merge(idle_cpu_wait: 0.25, idle_send_wait: 0.1)).workload.mean_io, 1e-12
   end
 
   def test_a_shape_must_alternate_held_and_idle

@@ -25,6 +25,7 @@ module Serval
     #     outside_cpu: 0.05,        # optional: the process's CPU beyond the GVL, per second held (tail_cpu)
     #     gvl_between: 0.03,        # optional: GVL held outside requests per second held in them (between_cpu)
     #     idle_cpu_wait: 0.3,       # optional: share of the requests' idle time spent ready, waiting for a CPU
+    #     idle_send_wait: 0.1,      # optional: GVL waits after preempted sends, the remote's, per second of idle
     #     db_pools:    [{name: "primary", size: 5, ...}],  # optional, as in Server#stats
     #
     #     # Per-request figures, either paired records (preferred: keeps a
@@ -47,12 +48,16 @@ module Serval
     # whose answer has come but that waits for a CPU (busy with the GVL's
     # holder) before it can ask for the GVL is, to the model, a thread
     # waiting for the GVL - it plays that wait as stall, so leaving it in
-    # the I/O would count it twice.
+    # the I/O would count it twice. Plus idle_send_wait's share: the GVL
+    # waits after sends that the wait for a CPU made too long for the GVL
+    # hook's link (ext/serval/gvl.c), filed as stall though the remote was
+    # working all the while.
     class Window
       FIGURES = %i[run idle stall pool_wait queue wall cpu wait].freeze
 
       attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms, :processes,
-                  :handoff, :timeslice, :cpu_speed, :outside_cpu, :gvl_between, :idle_cpu_wait
+                  :handoff, :timeslice, :cpu_speed, :outside_cpu, :gvl_between, :idle_cpu_wait,
+                  :idle_send_wait
 
       def initialize(hash)
         h = symbolize(hash)
@@ -77,6 +82,8 @@ module Serval
         raise ArgumentError, "gvl_between must be in [0, 10]" if @gvl_between && !(@gvl_between >= 0 && @gvl_between <= 10)
         @idle_cpu_wait = h[:idle_cpu_wait] && Float(h[:idle_cpu_wait]) # share of idle spent ready, waiting for a CPU
         raise ArgumentError, "idle_cpu_wait must be in [0, 1)" if @idle_cpu_wait && !(@idle_cpu_wait >= 0 && @idle_cpu_wait < 1)
+        @idle_send_wait = h[:idle_send_wait] && Float(h[:idle_send_wait]) # remote's time filed as stall, per idle
+        raise ArgumentError, "idle_send_wait must be in [0, 10]" if @idle_send_wait && !(@idle_send_wait >= 0 && @idle_send_wait <= 10)
         @pools = Array(h[:db_pools]).map { |p| { name: p[:name].to_s, size: Integer(p[:size]) } }
         @samples = samples_of(h)
         @histograms = (h[:histograms] || {}).slice(*FIGURES).compact
@@ -219,8 +226,9 @@ module Serval
         ScaledDistribution.new(idle, factor)
       end
 
-      # What remains of idle once the wait for a CPU is out (class comment).
-      def ready_factor = 1.0 - @idle_cpu_wait.to_f
+      # What remains of idle once the wait for a CPU is out and the remote's
+      # time filed as stall is in (class comment).
+      def ready_factor = 1.0 - @idle_cpu_wait.to_f + @idle_send_wait.to_f
 
       def symbolize(obj) = Keys.symbolize(obj)
     end

@@ -40,7 +40,8 @@ module Serval
       # now: monotonic seconds (tests inject it).
       # timeslice: seconds a request thread keeps the GVL from a waiting one
       # (fair_timeslice), nil for Ruby's own.
-      # steadiness: [step, [[at, held, cpu, proc, outside, idle_wait, idle_sampled, spans], ...]] as
+      # steadiness: [step, [[at, held, cpu, proc, outside, idle_wait, idle_sampled, spans, send_wait,
+      # send_gvl], ...]] as
       # Native::GVL.steadiness gives it (tests inject it).
       def read(now: nil, max_threads: nil, db_pools: nil, gvl_split: Native::GVL.enabled?, rng: Random.new,
                timeslice: nil, steadiness: :native)
@@ -69,7 +70,7 @@ module Serval
         between = gvl_split && steadiness && gvl_between(steadiness, from)
         window[:gvl_between] = between if between
         waited = gvl_split && steadiness && idle_cpu_wait(steadiness, from)
-        window[:idle_cpu_wait] = waited if waited
+        window.merge!(waited) if waited
         window[:db_pools] = db_pools if db_pools
         window[:timeslice] = timeslice if timeslice
         window
@@ -101,7 +102,7 @@ module Serval
           merged[:gvl_handoff] = (handed.sum { |w| w[:gvl_handoff] * w[:gvl_handoffs].to_i } / n).round(9)
           merged[:gvl_handoffs] = n
         end
-        %i[outside_cpu gvl_between idle_cpu_wait].each do |key| # per-process ratios, weighted by requests
+        %i[outside_cpu gvl_between idle_cpu_wait idle_send_wait].each do |key| # per-process ratios, weighted by requests
           have = windows.select { |w| w[key] && w[:requests].to_i.positive? }
           next if have.empty?
 
@@ -174,7 +175,13 @@ module Serval
       # ext/serval/gvl.c), over the window's steps: on a busy CPU a thread
       # whose I/O has finished waits for the CPU before it can ask for the
       # GVL, and the hook files that as idle. The advice model takes it out
-      # of the I/O (Advice::Window). nil before IDLE_CPU_WAIT_MIN_SPANS spans.
+      # of the I/O (Advice::Window). Less the wait that fell inside a send
+      # whose answer was still out (the remote worked all the while), and
+      # with idle_send_wait: the GVL waits after such sends when the wait for
+      # the CPU made them too long for the link, which the hook files as
+      # stall, per second of sampled idle (the model adds them to the I/O).
+      # { idle_cpu_wait:, idle_send_wait: } or nil before
+      # IDLE_CPU_WAIT_MIN_SPANS spans.
       def idle_cpu_wait(steadiness, from)
         _step, steps = steadiness
         steps = steps.select { |st| st.size >= 8 && st[0] >= from }
@@ -183,7 +190,10 @@ module Serval
         spanned = steps.sum { |st| st[6] }
         return nil unless spanned.positive?
 
-        (steps.sum { |st| st[5] } / spanned).clamp(0.0, 1.0).round(4)
+        in_sends = steps.sum { |st| st[8] || 0.0 }
+        out = { idle_cpu_wait: ((steps.sum { |st| st[5] } - in_sends) / spanned).clamp(0.0, 0.99).round(4) }
+        out[:idle_send_wait] = (steps.sum { |st| st[9] || 0.0 } / spanned).clamp(0.0, 10.0).round(4) if steps.any? { |st| st.size >= 10 }
+        out
       end
 
       # The window's steps (since `from`) that note `fields` figures and in
