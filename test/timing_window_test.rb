@@ -217,13 +217,40 @@ class TimingWindowTest < Minitest::Test
     100.times { |i| record(START + 1 + (i * 0.01)) }
     # per step: 0.03 s of 0.1 s idle waited for a CPU, 0.01 s of it in sends; 0.02 s of GVL waits after them
     steps = Array.new(8) { |i| [START - 9 + (i * 0.25), 0.2, 0.2, 0.2, 0.0, 0.03, 0.1, 5, 0.01, 0.02] }
-    w = W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps])
+    w = W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps], sends: nil)
     assert_in_delta 0.2, w[:idle_cpu_wait], 1e-9
     assert_in_delta 0.2, w[:idle_send_wait], 1e-9
     other = w.merge(requests: w[:requests] * 3, idle_send_wait: 0.4)
     assert_in_delta 0.35, W.merge([w, other])[:idle_send_wait], 1e-9, "weighted by requests"
     assert_in_delta 0.2, Serval::Advice::Window.new(w).idle_send_wait
     assert_raises(ArgumentError) { Serval::Advice::Window.new(w.merge(idle_send_wait: -0.1)) }
+    refute w.key?(:idle_send_hidden), "no sends given"
+    # sampled sends (Native::GVL.sends' shape): the remote's time the answered ones hid, per second of sampled idle
+    answered = Array.new(40, 0)
+    in_wait = Array.new(40, 0)
+    times = Array.new(40, 0.0)
+    answered[3] = 40 # 10 us: no contention, no answer in yet
+    times[3] = 40 * 10e-6
+    answered[24] = 30 # 5 ms: a third answered
+    in_wait[24] = 15
+    times[24] = 45 * 0.005
+    sends = [answered, in_wait, times]
+    hidden = Serval::Advice::HiddenRemote.seconds(answered: answered, in_wait: in_wait, times: times)
+    assert_operator hidden, :>, 0
+    refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps], sends: sends).key?(:idle_send_hidden),
+           "10-figure steps do not say what the link filed"
+    # 11th figure: the GVL waits the link filed after sampled sends whose answer had come, 0.001 s per step
+    steps = steps.map { |st| st + [0.001] }
+    w = W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps], sends: sends)
+    assert_in_delta ((hidden - 0.008) / 0.8).round(4), w[:idle_send_hidden], 1e-9
+    assert_in_delta 0.2, w[:idle_send_wait], 1e-9
+    few = [answered.map { |n| n / 10 }, in_wait.map { |n| n / 10 }, times]
+    refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps], sends: few).key?(:idle_send_hidden),
+           "fewer than #{Serval::Advice::HiddenRemote::MIN_SENDS} sends"
+    other = w.merge(requests: w[:requests] * 3, idle_send_hidden: 0.0)
+    assert_in_delta w[:idle_send_hidden] / 4, W.merge([w, other])[:idle_send_hidden], 1e-4, "weighted by requests"
+    assert Serval::Advice::Window.new(w.merge(idle_send_hidden: -0.1)), "the link may have filed more than was hidden"
+    assert_raises(ArgumentError) { Serval::Advice::Window.new(w.merge(idle_send_hidden: -1.5)) }
   end
 
   def test_merge_bounds_the_samples

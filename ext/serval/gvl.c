@@ -82,6 +82,8 @@ __thread int sv_gvl_yielding; /* fairness.c's preemption in progress (serval_rub
 #define SV_LINK_RUN_NS 100000       /* a held span this short between two I/O spans joins them (link) */
 #define SV_LINK_IN_NS 100000        /* a second idle span at least this long: the answer was still out (link) */
 #define SV_RQ_EVERY 16              /* one in-request idle span in this many, at random, has its run-queue wait read */
+#define SV_SEND_MIN_OCTAVE 12       /* sampled sends are counted by the time to their answer's read in half-octave
+                                     * bins from 2^12 ns (4 us) up (send_bin) */
 
 enum { SV_GVL_RUN = 0, SV_GVL_IDLE = 1, SV_GVL_WAIT = 2 };
 
@@ -131,6 +133,8 @@ typedef struct {
     int rq_send;                /* the sampled span that just ended was a send's (own time <= SV_SEND_MAX_NS):
                                  * 1 the link follows it, 2 the link followed it only because it was sampled */
     uint64_t rq_send_cw;        /* its run-queue wait */
+    uint64_t rq_send_len;       /* its length */
+    uint64_t link_run;          /* the link's short run, ns */
     int rq_next_on;             /* the link's second idle span has its run-queue wait read too (rq_next_mark) */
     uint64_t rq_next_mark;
 } sv_gvl_slot;
@@ -155,6 +159,9 @@ static _Atomic uint64_t rq_span_total; /* their length, ns */
 static _Atomic uint64_t rq_spans;      /* how many */
 static _Atomic uint64_t rq_send_cw;    /* of the wait, what fell in sends whose answer was still out, ns */
 static _Atomic uint64_t rq_send_wait;  /* GVL waits after sampled sends the link missed (long: preempted), ns */
+static _Atomic uint64_t rq_filed_wait; /* GVL waits the link filed after sampled sends whose answer was in, ns */
+static _Atomic uint64_t send_n[2][SV_SEND_BINS]; /* sampled sends by send_bin: [0] answer still out, [1] already in */
+static _Atomic uint64_t send_t[SV_SEND_BINS];    /* their times from the send to the answer's read, ns */
 static __thread int rq_fd = -1;        /* this native thread's schedstat; -2: unreadable */
 static __thread int rq_gen;            /* the enable generation it was opened in (fork) */
 static __thread sv_gvl_slot *rq_slot;  /* the slot whose span this native thread marked */
@@ -224,6 +231,7 @@ static void rq_step(sv_gvl_slot *s, rb_event_flag_t ev, int next, uint64_t now)
                 /* short but for the wait for a CPU: maybe a send (a preempted one when long) */
                 s->rq_send = len > SV_SEND_MAX_NS ? 2 : 1;
                 s->rq_send_cw = cw;
+                s->rq_send_len = len;
                 if (s->rq_send == 2) { /* the link (link_step) follows it too */
                     s->link = 1;
                     s->link_wait = 0;
@@ -265,18 +273,37 @@ static void seg_add(sv_gvl_slot *s, int kind, uint64_t dt)
     }
 }
 
+/* The bin of a sampled send's time to its answer's read: 0 below
+ * 2^SV_SEND_MIN_OCTAVE ns, then two per octave (the top bin takes the rest). */
+static int send_bin(uint64_t t)
+{
+    if (t < (1ull << SV_SEND_MIN_OCTAVE))
+        return 0;
+    int o = 63 - __builtin_clzll(t);
+    int b = 1 + 2 * (o - SV_SEND_MIN_OCTAVE) + (int)((t >> (o - 1)) & 1);
+    return b < SV_SEND_BINS ? b : SV_SEND_BINS - 1;
+}
+
 /* The link (top of file), stepped on every change of state inside a request:
  * dt is the span of state s->state that just ended. */
 static void link_step(sv_gvl_slot *s, int next, uint64_t dt)
 {
     if (s->state == SV_GVL_IDLE && next == SV_GVL_WAIT) {
         uint64_t w;
-        if (s->link == 2 && s->rq_send && s->rq_next_on && rq_slot == s && rq_read(&w) && w >= s->rq_next_mark &&
-            dt >= w - s->rq_next_mark + SV_LINK_IN_NS) {
-            /* a sampled send's answer was still out: the second span was that long without its wait for a CPU */
-            atomic_fetch_add_explicit(&rq_send_cw, s->rq_send_cw, memory_order_relaxed);
-            if (s->rq_send == 2)
-                atomic_fetch_add_explicit(&rq_send_wait, s->link_wait, memory_order_relaxed);
+        if (s->link == 2 && s->rq_send && s->rq_next_on && rq_slot == s && rq_read(&w) && w >= s->rq_next_mark) {
+            /* a sampled send's answer was still out when the second span was that long without its wait for a CPU */
+            int out = dt >= w - s->rq_next_mark + SV_LINK_IN_NS;
+            uint64_t t = s->rq_send_len + s->link_wait + s->link_run; /* the send to the answer's read */
+            int b = send_bin(t);
+            atomic_fetch_add_explicit(&send_n[out ? 0 : 1][b], 1, memory_order_relaxed);
+            if (!out && dt >= SV_LINK_IN_NS && s->rq_send == 1) /* long only for its wait for a CPU: filed below */
+                atomic_fetch_add_explicit(&rq_filed_wait, s->link_wait, memory_order_relaxed);
+            atomic_fetch_add_explicit(&send_t[b], t, memory_order_relaxed);
+            if (out) {
+                atomic_fetch_add_explicit(&rq_send_cw, s->rq_send_cw, memory_order_relaxed);
+                if (s->rq_send == 2)
+                    atomic_fetch_add_explicit(&rq_send_wait, s->link_wait, memory_order_relaxed);
+            }
         }
         s->rq_next_on = 0;
         if (s->link == 2 && dt >= SV_LINK_IN_NS && s->rq_send != 2) { /* the answer was still out: the wait was the remote's */
@@ -291,6 +318,7 @@ static void link_step(sv_gvl_slot *s, int next, uint64_t dt)
         s->link_wait = dt;
     } else if (s->state == SV_GVL_RUN && next == SV_GVL_IDLE && s->link == 1 && s->link_wait) {
         s->link = dt < SV_LINK_RUN_NS ? 2 : 0;
+        s->link_run = dt;
     } else {
         s->link = 0;
     }
@@ -488,6 +516,19 @@ void sv_gvl_idle_wait(uint64_t out[SV_IDLE_WAIT_FIGURES])
     out[2] = atomic_load_explicit(&rq_spans, memory_order_relaxed);
     out[3] = atomic_load_explicit(&rq_send_cw, memory_order_relaxed);
     out[4] = atomic_load_explicit(&rq_send_wait, memory_order_relaxed);
+    out[5] = atomic_load_explicit(&rq_filed_wait, memory_order_relaxed);
+}
+
+/* The sampled sends so far by send_bin: how many found the answer still
+ * out, how many found it already in, and their times to the answer's read,
+ * ns (Advice::HiddenRemote estimates the remote's time the second kind hid). */
+void sv_gvl_sends(uint64_t out[SV_SEND_FIGURES][SV_SEND_BINS])
+{
+    for (int b = 0; b < SV_SEND_BINS; b++) {
+        out[0][b] = atomic_load_explicit(&send_n[0][b], memory_order_relaxed);
+        out[1][b] = atomic_load_explicit(&send_n[1][b], memory_order_relaxed);
+        out[2][b] = atomic_load_explicit(&send_t[b], memory_order_relaxed);
+    }
 }
 
 /* Registers the hook once per process; in a forked child the inherited
@@ -592,16 +633,16 @@ static VALUE gvl_idle_in_request(VALUE mod, VALUE min_seconds)
 }
 
 /* Native::GVL.idle_wait -> [run-queue wait, length, count, wait in sends,
- * waits after long sends]: the sampled in-request idle spans so far (top of
- * file), seconds; nil without the hook. */
+ * waits after long sends, waits filed after answered sends]: the sampled
+ * in-request idle spans so far (top of file), seconds; nil without the hook. */
 static VALUE gvl_idle_wait(VALUE mod)
 {
     if (!hook || hook_pid != getpid())
         return Qnil;
     uint64_t v[SV_IDLE_WAIT_FIGURES];
     sv_gvl_idle_wait(v);
-    return rb_ary_new_from_args(5, DBL2NUM((double)v[0] / 1e9), DBL2NUM((double)v[1] / 1e9), ULL2NUM(v[2]),
-                                DBL2NUM((double)v[3] / 1e9), DBL2NUM((double)v[4] / 1e9));
+    return rb_ary_new_from_args(6, DBL2NUM((double)v[0] / 1e9), DBL2NUM((double)v[1] / 1e9), ULL2NUM(v[2]),
+                                DBL2NUM((double)v[3] / 1e9), DBL2NUM((double)v[4] / 1e9), DBL2NUM((double)v[5] / 1e9));
 }
 
 static VALUE gvl_trace_start(VALUE mod)
@@ -657,6 +698,11 @@ uint64_t sv_gvl_outside_ns(void)
 void sv_gvl_idle_wait(uint64_t out[SV_IDLE_WAIT_FIGURES])
 {
     memset(out, 0, sizeof(uint64_t) * SV_IDLE_WAIT_FIGURES);
+}
+
+void sv_gvl_sends(uint64_t out[SV_SEND_FIGURES][SV_SEND_BINS])
+{
+    memset(out, 0, sizeof(uint64_t) * SV_SEND_FIGURES * SV_SEND_BINS);
 }
 #endif /* SV_GVL_HOOK */
 
@@ -911,6 +957,14 @@ void sv_init_gvl(VALUE mNative)
     /* the link's bounds (top of file), for the model to join the same spans */
     rb_define_const(m, "LINK_SEND_MAX", DBL2NUM(SV_SEND_MAX_NS / 1e9));
     rb_define_const(m, "LINK_RUN_MAX", DBL2NUM(SV_LINK_RUN_NS / 1e9));
+    /* the lower bound of each bin Native::GVL.sends counts in, seconds (send_bin) */
+    VALUE floors = rb_ary_new_capa(SV_SEND_BINS);
+    rb_ary_push(floors, DBL2NUM(0.0));
+    for (int b = 1; b < SV_SEND_BINS; b++) {
+        int o = SV_SEND_MIN_OCTAVE + (b - 1) / 2;
+        rb_ary_push(floors, DBL2NUM((double)(1ull << o) * ((b - 1) % 2 ? 1.5 : 1.0) / 1e9));
+    }
+    rb_define_const(m, "SEND_BINS", rb_ary_freeze(floors));
 #ifdef SV_GVL_HOOK
 #ifdef HAVE_RB_INTERNAL_THREAD_SPECIFIC_GET
     slot_key = rb_internal_thread_specific_key_create();

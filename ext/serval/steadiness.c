@@ -52,7 +52,15 @@ typedef struct {
                                          * wait in sends, GVL waits after long sends (gvl.c) */
 } sv_steady_step;
 
+/* gvl.c's sampled sends (sv_gvl_sends) that ended in a step, beside
+ * ring[]: kept apart so that Native::GVL.steadiness copies no bins. */
+typedef struct {
+    uint32_t n[2][SV_SEND_BINS];        /* answer still out, answer already in */
+    uint64_t t[SV_SEND_BINS];           /* their times to the answer's read, ns */
+} sv_steady_sends;
+
 static sv_steady_step ring[SV_STEADY_STEPS];
+static sv_steady_sends send_ring[SV_STEADY_STEPS];
 static uint64_t ring_n;                 /* steps written; guarded by mu */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pid_t running_pid;               /* the process whose sampler runs */
@@ -82,7 +90,9 @@ static void *sampler(void *arg)
     uint64_t proc0 = proc_ns();
     uint64_t out0 = sv_gvl_outside_ns();
     uint64_t iw0[SV_IDLE_WAIT_FIGURES], iw1[SV_IDLE_WAIT_FIGURES];
+    static uint64_t sd0[SV_SEND_FIGURES][SV_SEND_BINS], sd1[SV_SEND_FIGURES][SV_SEND_BINS];
     sv_gvl_idle_wait(iw0);
+    sv_gvl_sends(sd0);
     for (;;) {
         next += SV_STEADY_STEP_NS;
         uint64_t now = mono_ns();
@@ -111,6 +121,7 @@ static void *sampler(void *arg)
         uint64_t proc1 = proc_ns();
         uint64_t out1 = sv_gvl_outside_ns();
         sv_gvl_idle_wait(iw1);
+        sv_gvl_sends(sd1);
         pthread_mutex_lock(&mu);
         sv_steady_step *s = &ring[ring_n % SV_STEADY_STEPS];
         s->at = (double)mono_ns() / 1e9;
@@ -124,6 +135,15 @@ static void *sampler(void *arg)
             s->idle_wait[k] = iw1[k] >= iw0[k] ? iw1[k] - iw0[k] : 0;
             iw0[k] = iw1[k];
         }
+        sv_steady_sends *sd = &send_ring[ring_n % SV_STEADY_STEPS];
+        for (int b = 0; b < SV_SEND_BINS; b++) {
+            for (int k = 0; k < 2; k++) {
+                uint64_t d = sd1[k][b] >= sd0[k][b] ? sd1[k][b] - sd0[k][b] : 0;
+                sd->n[k][b] = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
+            }
+            sd->t[b] = sd1[2][b] >= sd0[2][b] ? sd1[2][b] - sd0[2][b] : 0;
+        }
+        memcpy(sd0, sd1, sizeof(sd0));
         ring_n++;
         pthread_mutex_unlock(&mu);
     }
@@ -140,6 +160,7 @@ void sv_steadiness_start(void)
         return;
     pthread_mutex_init(&mu, NULL);
     memset(ring, 0, sizeof(ring));
+    memset(send_ring, 0, sizeof(send_ring));
     ring_n = 0;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -153,13 +174,15 @@ void sv_steadiness_start(void)
 }
 
 /* Native::GVL.steadiness -> [step seconds, [[at, held, cpu, proc, outside,
- * idle_wait, idle_sampled, spans, send_wait, send_gvl], ...] oldest first,
+ * idle_wait, idle_sampled, spans, send_wait, send_gvl, filed_gvl], ...] oldest first,
  * seconds; proc is the
  * whole process's CPU time in the step, outside the GVL time held outside
  * requests (part of held); gvl.c's sampled in-request idle spans that
  * ended in the step: the run-queue wait in them, their length, their
  * count, the part of that wait in sends whose answer was still out, the
- * GVL waits after those of them the link missed],
+ * GVL waits after those of them the link missed, the GVL waits the link
+ * filed after sends whose answer had come (a read held up by its wait for
+ * a CPU looks like an answer still out)],
  * the last SV_STEADY_STEPS steps; no steps before Native::GVL.enable in
  * this process. */
 static VALUE steadiness(VALUE mod)
@@ -176,18 +199,60 @@ static VALUE steadiness(VALUE mod)
     VALUE steps = rb_ary_new_capa((long)(n - from));
     for (uint64_t k = from; k < n; k++) {
         sv_steady_step *s = &copy[k % SV_STEADY_STEPS];
-        rb_ary_push(steps, rb_ary_new_from_args(10, DBL2NUM(s->at), DBL2NUM((double)s->held / 1e9),
+        rb_ary_push(steps, rb_ary_new_from_args(11, DBL2NUM(s->at), DBL2NUM((double)s->held / 1e9),
                                                 DBL2NUM((double)s->cpu / 1e9), DBL2NUM((double)s->proc / 1e9),
                                                 DBL2NUM((double)s->outside / 1e9),
                                                 DBL2NUM((double)s->idle_wait[0] / 1e9),
                                                 DBL2NUM((double)s->idle_wait[1] / 1e9), ULL2NUM(s->idle_wait[2]),
                                                 DBL2NUM((double)s->idle_wait[3] / 1e9),
-                                                DBL2NUM((double)s->idle_wait[4] / 1e9)));
+                                                DBL2NUM((double)s->idle_wait[4] / 1e9),
+                                                DBL2NUM((double)s->idle_wait[5] / 1e9)));
     }
     return rb_ary_new_from_args(2, DBL2NUM((double)SV_STEADY_STEP_NS / 1e9), steps);
+}
+
+/* Native::GVL.sends(from) -> [answered, in_wait, times]: gvl.c's sampled
+ * sends that ended in the steps since monotonic second `from`, by the time
+ * from the send to its answer's read (SEND_BINS' half-octave bins from
+ * 4 us): how many found the answer still out, how many found it already
+ * in, and those times summed, seconds. nil before any step. */
+static VALUE sends(VALUE mod, VALUE from_v)
+{
+    double from = NUM2DBL(from_v);
+    uint64_t n[2][SV_SEND_BINS], t[SV_SEND_BINS];
+    memset(n, 0, sizeof(n));
+    memset(t, 0, sizeof(t));
+    uint64_t steps = 0;
+    if (running_pid == getpid()) {
+        pthread_mutex_lock(&mu);
+        uint64_t first = ring_n > SV_STEADY_STEPS ? ring_n - SV_STEADY_STEPS : 0;
+        for (uint64_t k = first; k < ring_n; k++) {
+            if (ring[k % SV_STEADY_STEPS].at < from)
+                continue;
+            sv_steady_sends *sd = &send_ring[k % SV_STEADY_STEPS];
+            for (int b = 0; b < SV_SEND_BINS; b++) {
+                for (int j = 0; j < 2; j++)
+                    n[j][b] += sd->n[j][b];
+                t[b] += sd->t[b];
+            }
+            steps++;
+        }
+        pthread_mutex_unlock(&mu);
+    }
+    if (!steps)
+        return Qnil;
+    VALUE out = rb_ary_new_capa(3);
+    for (int k = 0; k < 3; k++) {
+        VALUE a = rb_ary_new_capa(SV_SEND_BINS);
+        for (int b = 0; b < SV_SEND_BINS; b++)
+            rb_ary_push(a, k < 2 ? ULL2NUM(n[k][b]) : DBL2NUM((double)t[b] / 1e9));
+        rb_ary_push(out, a);
+    }
+    return out;
 }
 
 void sv_init_steadiness(VALUE mGVL)
 {
     rb_define_singleton_method(mGVL, "steadiness", steadiness, 0);
+    rb_define_singleton_method(mGVL, "sends", sends, 1);
 }

@@ -139,6 +139,9 @@ class AdviceWindowTest < Minitest::Test
     assert_in_delta 0.018 * 0.85, sent.mean_io, 1e-12
     assert_in_delta 0.85 * Serval::Advice::Window.new(histo).workload.mean_io,
                     Serval::Advice::Window.new(histo.merge(idle_cpu_wait: 0.25, idle_send_wait: 0.1)).workload.mean_io, 1e-12
+    # and the remote's time hidden in GVL waits (idle_send_hidden)
+    hid = Serval::Advice::Window.new(base.merge(idle_cpu_wait: 0.25, idle_send_wait: 0.1, idle_send_hidden: 0.2)).workload
+    assert_in_delta 0.018 * 1.05, hid.mean_io, 1e-12
   end
 
   def test_a_shape_must_alternate_held_and_idle

@@ -109,6 +109,7 @@ module Serval
                       io_waits: workload.io_waits, samples: @window.measured, tail_cpu: workload.tail_cpu.round(6),
                       gvl_between: @window.gvl_between, between: workload.between.round(6),
                       idle_cpu_wait: @window.idle_cpu_wait, idle_send_wait: @window.idle_send_wait,
+                      idle_send_hidden: @window.idle_send_hidden,
                       estimated_stall: @estimated_stall&.round(6) },
           sweep: sweep.table, load: load_points(open_sim(workload, sim), threads, chosen.rps),
           precision: precision(workload, sim, threads, chosen.rps),

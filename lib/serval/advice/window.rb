@@ -26,6 +26,8 @@ module Serval
     #     gvl_between: 0.03,        # optional: GVL held outside requests per second held in them (between_cpu)
     #     idle_cpu_wait: 0.3,       # optional: share of the requests' idle time spent ready, waiting for a CPU
     #     idle_send_wait: 0.1,      # optional: GVL waits after preempted sends, the remote's, per second of idle
+    #     idle_send_hidden: 0.05,   # optional: the remote's time hidden in GVL waits (HiddenRemote) less the
+    #                               # waits the link filed past the answer, per second of idle (may be < 0)
     #     db_pools:    [{name: "primary", size: 5, ...}],  # optional, as in Server#stats
     #
     #     # Per-request figures, either paired records (preferred: keeps a
@@ -51,13 +53,14 @@ module Serval
     # the I/O would count it twice. Plus idle_send_wait's share: the GVL
     # waits after sends that the wait for a CPU made too long for the GVL
     # hook's link (ext/serval/gvl.c), filed as stall though the remote was
-    # working all the while.
+    # working all the while. And idle_send_hidden's: the remote's time in
+    # GVL waits during which the answer came (HiddenRemote).
     class Window
       FIGURES = %i[run idle stall pool_wait queue wall cpu wait].freeze
 
       attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms, :processes,
                   :handoff, :timeslice, :cpu_speed, :outside_cpu, :gvl_between, :idle_cpu_wait,
-                  :idle_send_wait
+                  :idle_send_wait, :idle_send_hidden
 
       def initialize(hash)
         h = symbolize(hash)
@@ -84,6 +87,8 @@ module Serval
         raise ArgumentError, "idle_cpu_wait must be in [0, 1)" if @idle_cpu_wait && !(@idle_cpu_wait >= 0 && @idle_cpu_wait < 1)
         @idle_send_wait = h[:idle_send_wait] && Float(h[:idle_send_wait]) # remote's time filed as stall, per idle
         raise ArgumentError, "idle_send_wait must be in [0, 10]" if @idle_send_wait && !(@idle_send_wait >= 0 && @idle_send_wait <= 10)
+        @idle_send_hidden = h[:idle_send_hidden] && Float(h[:idle_send_hidden]) # remote's time hidden in GVL waits
+        raise ArgumentError, "idle_send_hidden must be in [-1, 10]" if @idle_send_hidden && !(@idle_send_hidden >= -1 && @idle_send_hidden <= 10)
         @pools = Array(h[:db_pools]).map { |p| { name: p[:name].to_s, size: Integer(p[:size]) } }
         @samples = samples_of(h)
         @histograms = (h[:histograms] || {}).slice(*FIGURES).compact
@@ -228,7 +233,7 @@ module Serval
 
       # What remains of idle once the wait for a CPU is out and the remote's
       # time filed as stall is in (class comment).
-      def ready_factor = 1.0 - @idle_cpu_wait.to_f + @idle_send_wait.to_f
+      def ready_factor = [1.0 - @idle_cpu_wait.to_f + @idle_send_wait.to_f + @idle_send_hidden.to_f, 0.01].max
 
       def symbolize(obj) = Keys.symbolize(obj)
     end

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "serval/keys"
+require "serval/advice/hidden_remote"
 
 module Serval
   class Timing
@@ -44,7 +45,7 @@ module Serval
       # send_gvl], ...]] as
       # Native::GVL.steadiness gives it (tests inject it).
       def read(now: nil, max_threads: nil, db_pools: nil, gvl_split: Native::GVL.enabled?, rng: Random.new,
-               timeslice: nil, steadiness: :native)
+               timeslice: nil, steadiness: :native, sends: :native)
         seconds, bounds, buckets = Timing.window_buckets(now)
         requests = buckets.sum { |b| b[1] }
         split = buckets.sum { |b| b[2] }
@@ -61,7 +62,8 @@ module Serval
                    histograms: histograms(bounds, counts, sums) }
         window[:io_waits] = (buckets.sum { |b| b[3] }.to_f / split).round(3) if split.positive?
         handoff(window) if gvl_split
-        steadiness = native_steadiness if steadiness == :native
+        native = steadiness == :native
+        steadiness = native_steadiness if native
         from = (now || Process.clock_gettime(Process::CLOCK_MONOTONIC)) - seconds
         speeds = gvl_split && steadiness && cpu_speed(steadiness, from)
         window[:cpu_speed] = speeds if speeds
@@ -69,7 +71,8 @@ module Serval
         window[:outside_cpu] = outside if outside
         between = gvl_split && steadiness && gvl_between(steadiness, from)
         window[:gvl_between] = between if between
-        waited = gvl_split && steadiness && idle_cpu_wait(steadiness, from)
+        sends = native ? native_sends(from) : nil if sends == :native # injected steps: their sends too
+        waited = gvl_split && steadiness && idle_cpu_wait(steadiness, from, sends)
         window.merge!(waited) if waited
         window[:db_pools] = db_pools if db_pools
         window[:timeslice] = timeslice if timeslice
@@ -102,7 +105,7 @@ module Serval
           merged[:gvl_handoff] = (handed.sum { |w| w[:gvl_handoff] * w[:gvl_handoffs].to_i } / n).round(9)
           merged[:gvl_handoffs] = n
         end
-        %i[outside_cpu gvl_between idle_cpu_wait idle_send_wait].each do |key| # per-process ratios, weighted by requests
+        %i[outside_cpu gvl_between idle_cpu_wait idle_send_wait idle_send_hidden].each do |key| # per-process ratios, weighted by requests
           have = windows.select { |w| w[key] && w[:requests].to_i.positive? }
           next if have.empty?
 
@@ -180,9 +183,12 @@ module Serval
       # with idle_send_wait: the GVL waits after such sends when the wait for
       # the CPU made them too long for the link, which the hook files as
       # stall, per second of sampled idle (the model adds them to the I/O).
-      # { idle_cpu_wait:, idle_send_wait: } or nil before
-      # IDLE_CPU_WAIT_MIN_SPANS spans.
-      def idle_cpu_wait(steadiness, from)
+      # And with `sends` (Native::GVL.sends: the sampled sends by the time to
+      # their answer's read), idle_send_hidden: the remote's time hidden in
+      # GVL waits during which the answer came (Advice::HiddenRemote), per
+      # second of sampled idle. { idle_cpu_wait:, idle_send_wait:,
+      # idle_send_hidden: } or nil before IDLE_CPU_WAIT_MIN_SPANS spans.
+      def idle_cpu_wait(steadiness, from, sends = nil)
         _step, steps = steadiness
         steps = steps.select { |st| st.size >= 8 && st[0] >= from }
         return nil if steps.sum { |st| st[7] } < IDLE_CPU_WAIT_MIN_SPANS
@@ -193,8 +199,15 @@ module Serval
         in_sends = steps.sum { |st| st[8] || 0.0 }
         out = { idle_cpu_wait: ((steps.sum { |st| st[5] } - in_sends) / spanned).clamp(0.0, 0.99).round(4) }
         out[:idle_send_wait] = (steps.sum { |st| st[9] || 0.0 } / spanned).clamp(0.0, 10.0).round(4) if steps.any? { |st| st.size >= 10 }
+        hidden = sends && Advice::HiddenRemote.seconds(answered: sends[0], in_wait: sends[1], times: sends[2])
+        if hidden && steps.any? { |st| st.size >= 11 }
+          # less the waits the link filed after such sends (their answer had come: more than the remote's time)
+          out[:idle_send_hidden] = ((hidden - steps.sum { |st| st[10] || 0.0 }) / spanned).clamp(-1.0, 10.0).round(4)
+        end
         out
       end
+
+      def native_sends(from) = Native::GVL.respond_to?(:sends) ? Native::GVL.sends(from) : nil
 
       # The window's steps (since `from`) that note `fields` figures and in
       # which the GVL was held at least SPEED_MIN_BUSY of the step; nil when
