@@ -2,8 +2,8 @@
 
 require_relative "test_helper"
 require_relative "support/subprocess_server"
+require_relative "support/cpu_rivals"
 require "net/http"
-require "rbconfig"
 
 # ext/serval/gvl.c samples one in-request idle span in 16 and reads the
 # thread's run-queue wait (Linux schedstat) at both ends: the part of the
@@ -15,6 +15,7 @@ require "rbconfig"
 # tests load the machine), not the scheduler's exact figures.
 class CpuWaitTest < Minitest::Test
   include Serval::SubprocessHelpers
+  include Serval::CpuRivals
 
   APP = <<~RUBY
     run lambda { |env|
@@ -28,9 +29,7 @@ class CpuWaitTest < Minitest::Test
   RUBY
 
   def setup
-    skip "Ruby #{RUBY_VERSION} has no GVL event hook (needs 3.2+)" unless Serval::Native::GVL.supported?
-    skip "needs taskset (util-linux)" unless system("taskset", "-c", "0", "true", out: File::NULL, err: File::NULL)
-    skip "needs /proc/thread-self/schedstat" unless File.readable?("/proc/thread-self/schedstat")
+    skip_unless_cpu_pinning
   end
 
   def get(port, path)
@@ -47,25 +46,17 @@ class CpuWaitTest < Minitest::Test
   def totals(port) = get(port, "/idle_wait").body.split.map(&:to_f)
 
   def test_a_busy_cpu_shows_in_the_sampled_idle_spans
-    server = spawn_server(command: ["taskset", "-c", "0", RbConfig.ruby, "-w", Serval::SubprocessServer::EXE,
-                                    "-b", "tcp://127.0.0.1:0", "-t", "1", "config.ru"],
-                          files: { "config.ru" => APP })
+    server = spawn_server(command: pinned_serval("-t", "1", "config.ru"), files: { "config.ru" => APP })
     server.start
     port = server.wait_for(/Listening on http:\/\/[^:]+:(\d+)/)[1].to_i
     alone = serve(port, 40)
-    rivals = Array.new(3) { Process.spawn("taskset", "-c", "0", RbConfig.ruby, "-e", "loop {}") }
-    rivals.each { |pid| sleep 0.05 until File.read("/proc/#{pid}/stat").split[13].to_i.positive? }
-    shared = serve(port, 40)
+    shared = nil
+    with_rivals(3) { shared = serve(port, 40) }
     [alone, shared].each do |wait, spanned, spans|
       assert_operator spans, :>=, 20, "1 in 16 of 1,600 spans, at random: #{[alone, shared].inspect}"
       assert_operator wait, :<=, spanned, "a span's wait is part of it"
     end
     share = ->((wait, spanned, _)) { wait / spanned }
     assert_operator share.call(shared), :>=, (2 * share.call(alone)) + 0.02, "alone #{alone.inspect}, shared #{shared.inspect}"
-  ensure
-    rivals&.each do |pid|
-      Process.kill(:KILL, pid)
-      Process.wait(pid)
-    end
   end
 end

@@ -2,8 +2,8 @@
 
 require_relative "test_helper"
 require_relative "support/subprocess_server"
+require_relative "support/cpu_rivals"
 require "net/http"
-require "rbconfig"
 require "socket"
 require "tmpdir"
 
@@ -18,6 +18,7 @@ require "tmpdir"
 # at a time; requests that only sleep make no sends.
 class SendWaitTest < Minitest::Test
   include Serval::SubprocessHelpers
+  include Serval::CpuRivals
 
   APP = <<~RUBY
     require "socket"
@@ -44,9 +45,7 @@ class SendWaitTest < Minitest::Test
   RUBY
 
   def setup
-    skip "Ruby #{RUBY_VERSION} has no GVL event hook (needs 3.2+)" unless Serval::Native::GVL.supported?
-    skip "needs taskset (util-linux)" unless system("taskset", "-c", "0", "true", out: File::NULL, err: File::NULL)
-    skip "needs /proc/thread-self/schedstat" unless File.readable?("/proc/thread-self/schedstat")
+    skip_unless_cpu_pinning
     @dir = Dir.mktmpdir("serval-peer-")
     @peer = UNIXServer.new(File.join(@dir, "peer.sock"))
     @peer_thread = Thread.new do
@@ -87,15 +86,15 @@ class SendWaitTest < Minitest::Test
   def figures(port) = get(port, "/figures").body.split.map(&:to_f)
 
   def test_a_preempted_send_keeps_its_wait_in_the_io
-    server = spawn_server(command: ["taskset", "-c", "0", RbConfig.ruby, "-w", Serval::SubprocessServer::EXE,
-                                    "-b", "tcp://127.0.0.1:0", "-t", "4", "config.ru"],
-                          files: { "config.ru" => APP }, env: { "SEND_WAIT_PEER" => File.join(@dir, "peer.sock") })
+    server = spawn_server(command: pinned_serval("-t", "4", "config.ru"), files: { "config.ru" => APP },
+                          env: { "SEND_WAIT_PEER" => File.join(@dir, "peer.sock") })
     server.start
     port = server.wait_for(/Listening on http:\/\/[^:]+:(\d+)/)[1].to_i
-    rivals = Array.new(3) { Process.spawn("taskset", "-c", "0", RbConfig.ruby, "-e", "loop {}") }
-    rivals.each { |pid| sleep 0.05 until File.read("/proc/#{pid}/stat").split[13].to_i.positive? }
-    slept = serve(port, "/sleep", 80)
-    sent = serve(port, "/query", 160)
+    slept = sent = nil
+    with_rivals(3) do
+      slept = serve(port, "/sleep", 80)
+      sent = serve(port, "/query", 160)
+    end
     _wait, spanned, spans, in_sends, after_sends, _filed, answered, _in = slept
     assert_operator spans, :>=, 10, slept.inspect
     assert_operator spanned, :>, 0
@@ -106,10 +105,5 @@ class SendWaitTest < Minitest::Test
     assert_operator in_sends, :<=, wait, "part of the sampled spans' wait"
     assert_operator after_sends, :>, 0, "GVL waits after long sends: #{sent.inspect}"
     assert_operator after_sends, :<, 10 * spanned, "of the order of the sampled idle: #{sent.inspect}"
-  ensure
-    rivals&.each do |pid|
-      Process.kill(:KILL, pid)
-      Process.wait(pid)
-    end
   end
 end

@@ -1,0 +1,35 @@
+# frozen_string_literal: true
+
+require "rbconfig"
+
+module Serval
+  # For subprocess tests that pin a real exe/serval to CPU 0 and load that
+  # CPU with busy processes (test/cpu_wait_test.rb, test/send_wait_test.rb):
+  # the GVL hook's run-queue readings need Ruby 3.2+, taskset and Linux
+  # schedstat.
+  module CpuRivals
+    def skip_unless_cpu_pinning
+      skip "Ruby #{RUBY_VERSION} has no GVL event hook (needs 3.2+)" unless Serval::Native::GVL.supported?
+      skip "needs taskset (util-linux)" unless system("taskset", "-c", "0", "true", out: File::NULL, err: File::NULL)
+      skip "needs /proc/thread-self/schedstat" unless File.readable?("/proc/thread-self/schedstat")
+    end
+
+    # argv running exe/serval on CPU 0 with args
+    def pinned_serval(*args)
+      ["taskset", "-c", "0", RbConfig.ruby, "-w", Serval::SubprocessServer::EXE, "-b", "tcp://127.0.0.1:0", *args]
+    end
+
+    # Runs the block with n busy processes pinned to CPU 0 (each has run
+    # before the block starts), killed after.
+    def with_rivals(n = 3)
+      rivals = Array.new(n) { Process.spawn("taskset", "-c", "0", RbConfig.ruby, "-e", "loop {}") }
+      rivals.each { |pid| sleep 0.05 until File.read("/proc/#{pid}/stat").split[13].to_i.positive? }
+      yield
+    ensure
+      rivals&.each do |pid|
+        Process.kill(:KILL, pid)
+        Process.wait(pid)
+      end
+    end
+  end
+end
