@@ -42,7 +42,7 @@ module Serval
       # timeslice: seconds a request thread keeps the GVL from a waiting one
       # (fair_timeslice), nil for Ruby's own.
       # steadiness: [step, [[at, held, cpu, proc, outside, idle_wait, idle_sampled, spans, send_wait,
-      # send_gvl], ...]] as
+      # send_gvl, filed_gvl], ...]] as
       # Native::GVL.steadiness gives it (tests inject it).
       def read(now: nil, max_threads: nil, db_pools: nil, gvl_split: Native::GVL.enabled?, rng: Random.new,
                timeslice: nil, steadiness: :native, sends: :native)
@@ -72,7 +72,7 @@ module Serval
         between = gvl_split && steadiness && gvl_between(steadiness, from)
         window[:gvl_between] = between if between
         sends = native ? native_sends(from) : nil if sends == :native # injected steps: their sends too
-        waited = gvl_split && steadiness && idle_cpu_wait(steadiness, from, sends)
+        waited = gvl_split && steadiness && idle_shares(steadiness, from, sends)
         window.merge!(waited) if waited
         window[:db_pools] = db_pools if db_pools
         window[:timeslice] = timeslice if timeslice
@@ -188,7 +188,7 @@ module Serval
       # GVL waits during which the answer came (Advice::HiddenRemote), per
       # second of sampled idle. { idle_cpu_wait:, idle_send_wait:,
       # idle_send_hidden: } or nil before IDLE_CPU_WAIT_MIN_SPANS spans.
-      def idle_cpu_wait(steadiness, from, sends = nil)
+      def idle_shares(steadiness, from, sends = nil)
         _step, steps = steadiness
         steps = steps.select { |st| st.size >= 8 && st[0] >= from }
         return nil if steps.sum { |st| st[7] } < IDLE_CPU_WAIT_MIN_SPANS
