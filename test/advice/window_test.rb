@@ -144,6 +144,42 @@ class AdviceWindowTest < Minitest::Test
     assert_in_delta 0.018 * 1.05, hid.mean_io, 1e-12
   end
 
+  # The samples keep each request's figures together, the histograms' sums
+  # count every request: the model takes the samples at the histograms'
+  # means, figure by figure (run, idle, pool_wait; cpu and wall on 3.1), and
+  # leaves them as they are where a histogram is missing or far off.
+  def test_the_samples_are_taken_at_the_histograms_means
+    rng = Random.new(3)
+    samples = Array.new(300) do
+      run = -0.002 * Math.log(1 - rng.rand)
+      { run: run, idle: 0.02 + rng.rand * 0.004, pool_wait: 0.001, shape: [run / 2, 0.01, run / 2] }
+    end
+    mean = ->(k) { samples.sum { |s| s[k] } / samples.size }
+    hist = ->(m, n) { { bounds: [0.001, 0.01, 0.1], counts: [0, n, 0, 0], sum: m * n } }
+    base = { requests: 3000, io_waits: 1, samples: samples }
+    raw = Serval::Advice::Window.new(base).workload
+    assert_in_delta mean[:run], raw.mean_run, 1e-12
+    full = Serval::Advice::Window.new(base.merge(histograms: { run: hist[0.0023, 3000], idle: hist[0.025, 3000],
+                                                                pool_wait: hist[0.002, 3000] }))
+    assert_in_delta 0.0023, full.workload.mean_run, 1e-12
+    assert_in_delta 0.025 - 0.002, full.workload.mean_io, 1e-12
+    # each request keeps its share of the run: scaled, not shifted
+    k = 0.0023 / mean[:run]
+    assert_in_delta samples.map { |s| s[:run] }.max * k, full.calibrated.map { |s| s[:run] }.max, 1e-12
+    assert_equal samples, Serval::Advice::Window.new(base).calibrated
+    # a histogram three times the samples' mean is of other requests: kept as it is
+    off = Serval::Advice::Window.new(base.merge(histograms: { run: hist[mean[:run] * 3, 10] }))
+    assert_in_delta mean[:run], off.workload.mean_run, 1e-12
+    # Ruby 3.1: cpu and wall
+    old = Serval::Advice::Window.new(requests: 20, gvl_split: false, samples: [{ cpu: 0.002, wall: 0.02 }, { cpu: 0.004, wall: 0.03 }],
+                                     histograms: { cpu: hist[0.0033, 20], wall: hist[0.0275, 20] })
+    assert_in_delta 0.0033, old.workload.mean_run, 1e-12
+    assert_in_delta 0.0275 - 0.0033, old.workload.mean_io, 1e-12
+    served = Serval::Advice::Window.new(requests: 20, gvl_split: false, samples: [{ cpu: 0.002, wall: 0.02 }, { cpu: 0.004, wall: 0.03 }],
+                                        histograms: { run: hist[0.0033, 20], wall: hist[0.0275, 20] })
+    assert_in_delta 0.0033, served.workload.mean_run, 1e-12
+  end
+
   def test_a_shape_must_alternate_held_and_idle
     assert_raises(ArgumentError) { Serval::Advice::Workload.new(pairs: [[0.01, 0.01, [0.01, 0.01]]]) }
     assert_raises(ArgumentError) { Serval::Advice::Workload.new(pairs: [[0.01, 0.01, [0.01, -0.01, 0.01]]]) }

@@ -55,6 +55,13 @@ module Serval
     # hook's link (ext/serval/gvl.c), filed as stall though the remote was
     # working all the while. And idle_send_hidden's: the remote's time in
     # GVL waits during which the answer came (HiddenRemote).
+    #
+    # The samples (a few thousand at most) keep each request's figures
+    # together; the histograms' sums cover every request of the window. The
+    # model takes the samples' shapes at the histograms' means: each figure
+    # of the samples is scaled so that its mean is the histogram's
+    # (#calibrated) - a thousand exponential samples put the mean anywhere
+    # within some 3 %, and the model's top and its low counts move with it.
     class Window
       FIGURES = %i[run idle stall pool_wait queue wall cpu wait].freeze
 
@@ -118,7 +125,7 @@ module Serval
 
       def workload(split: :equal)
         w = if @samples.any?
-              Workload.new(pairs: @samples.map { |s| pair(s) }, io_waits: @io_waits, split: split)
+              Workload.new(pairs: calibrated.map { |s| pair(s) }, io_waits: @io_waits, split: split)
             else
               run = dist(:run) || dist(:cpu)
               idle = dist(:idle) || dist(:wait)
@@ -169,6 +176,35 @@ module Serval
           return Advice.quantile(vals, q)
         end
         dist(figure)&.quantile(q)
+      end
+
+      # Figures the samples are scaled by, to the histograms' means.
+      CALIBRATED = %i[run idle pool_wait cpu wall].freeze
+      # A histogram whose mean is this far from the samples' is not of the
+      # same requests (a hand-made window): the samples are kept as they are.
+      CALIBRATION_RANGE = (0.5..2.0)
+
+      # The samples with each figure in CALIBRATED scaled so that its mean is
+      # its histogram's (sum / count: every request of the window), where
+      # both are there (class comment). Ruby 3.1's server files cpu in `run`.
+      def calibrated
+        factors = CALIBRATED.filter_map do |figure|
+          h = @histograms[figure] || (figure == :cpu && !@gvl_split && @histograms[:run]) or next
+          n = Array(h[:counts]).sum
+          vals = @samples.filter_map { |s| s[figure] && Float(s[figure]) }
+          next unless n.positive? && h[:sum] && vals.any?
+
+          ours = vals.sum / vals.size
+          next unless ours.positive?
+
+          k = Float(h[:sum]) / n / ours
+          [figure, k] if CALIBRATION_RANGE.cover?(k)
+        end.to_h
+        return @samples if factors.empty?
+
+        @samples.map do |s|
+          s.merge(factors.filter_map { |f, k| [f, Float(s[f]) * k] if s[f] }.to_h)
+        end
       end
 
       private
