@@ -278,9 +278,15 @@ class AdviceRecommenderTest < Minitest::Test
     assert_operator fast, :<, top[:latency_p99]
     assert_operator slow, :>, top[:latency_p99]
     assert_operator slow / fast, :>, hi / lo, "near capacity p99 moves more than max req/s"
-    assert(a[:reasons].any? { |r| r.start_with?("from 1,500 sampled requests") }, a[:reasons].inspect)
+    assert(a[:reasons].any? { |r| r.start_with?("from 1,500 requests") }, a[:reasons].inspect)
     more = advise(window(self.class.samples(0.014, 0.006, n: 6000)))[:precision]
     assert_in_delta pr[:run_mean_within] / 2, more[:run_mean_within], 0.006, "four times the samples, half the interval"
+    # samples taken at the run histogram's mean rest on the histogram's count
+    runs = win[:samples].map { |s| s[:run] }
+    hist = { bounds: [0.001, 0.01, 0.1], counts: [0, 6000, 0, 0], sum: runs.sum / runs.size * 6000 }
+    counted = advise(win.merge(requests: 6000, histograms: { run: hist }))[:precision]
+    assert_equal [1500, 6000], [counted[:samples], counted[:mean_of]]
+    assert_in_delta pr[:run_mean_within] / 2, counted[:run_mean_within], 0.002
     assert_nil advise(win, precision: false)[:precision]
   end
 

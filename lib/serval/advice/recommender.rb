@@ -16,10 +16,11 @@ module Serval
     #   stall                predicted mean and p95 GVL stall per request at `threads`, saturated
     #   sweep                one row per thread count: rps, gain, stall, wall p50/p99
     #   load                 open-loop latency at DEFAULTS[:load_points] of max req/s
-    #   precision            {samples:, run_mean_within:, max_rps_range:, load: {load:, rate:,
+    #   precision            {samples:, mean_of:, run_mean_within:, max_rps_range:, load: {load:, rate:,
     #                        latency_p99_range:}}: the same figures with the window's mean GVL time
-    #                        per request at the ends of its 95 % interval (nil: precision: false,
-    #                        fewer than 30 samples, histograms only)
+    #                        per request at the ends of its 95 % interval (mean_of: the requests that
+    #                        mean rests on, the run histogram's when the samples are calibrated to it;
+    #                        nil: precision: false, fewer than 30 samples, histograms only)
     #   amdahl, gvl_ceiling  the articles' two rules, for explanation
     #   pool, database, machine, capacity (with target_rps), measured
     #   reasons, warnings    Arrays of sentences; summary: one line for the log
@@ -229,15 +230,17 @@ module Serval
         return nil unless mean.positive?
 
         sd = Math.sqrt(runs.sum { |v| (v - mean)**2 } / (runs.size - 1))
-        k = [1.96 * sd / mean / Math.sqrt(runs.size), 0.5].min
+        basis = [@window.mean_basis(@window.samples.any? { |s| s[:run] } ? :run : :cpu), runs.size].max
+        k = [1.96 * sd / mean / Math.sqrt(basis), 0.5].min
         top = @s[:load_points].max
         slow, fast = [1 + k, 1 - k].map do |f|
           { max: sim.scaled(f).closed(threads).rps,
             p99: top && open_sim(workload, sim).scaled(f).open(threads, rate: top * max_rps, rng: Random.new(@s[:seed] + 1)).latency_p99 }
         end
-        out = { samples: runs.size, run_mean_within: k.round(4), max_rps_range: [slow[:max].round(2), fast[:max].round(2)] }
-        msg = format("from %s sampled requests the mean GVL time per request is known to +-%.1f %% (95 %%): max req/s %.1f-%.1f",
-                     grouped(runs.size), 100 * k, slow[:max], fast[:max])
+        out = { samples: runs.size, mean_of: basis, run_mean_within: k.round(4),
+                max_rps_range: [slow[:max].round(2), fast[:max].round(2)] }
+        msg = format("from %s requests the mean GVL time per request is known to +-%.1f %% (95 %%): max req/s %.1f-%.1f",
+                     grouped(basis), 100 * k, slow[:max], fast[:max])
         if top
           out[:load] = { load: top, rate: (top * max_rps).round(2), latency_p99_range: [fast[:p99].round(6), slow[:p99].round(6)] }
           msg += format(", p99 at %d %% load %.0f-%.0f ms", (100 * top).round, fast[:p99] * 1e3, slow[:p99] * 1e3)

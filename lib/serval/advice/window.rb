@@ -188,18 +188,7 @@ module Serval
       # its histogram's (sum / count: every request of the window), where
       # both are there (class comment). Ruby 3.1's server files cpu in `run`.
       def calibrated
-        factors = CALIBRATED.filter_map do |figure|
-          h = @histograms[figure] || (figure == :cpu && !@gvl_split && @histograms[:run]) or next
-          n = Array(h[:counts]).sum
-          vals = @samples.filter_map { |s| s[figure] && Float(s[figure]) }
-          next unless n.positive? && h[:sum] && vals.any?
-
-          ours = vals.sum / vals.size
-          next unless ours.positive?
-
-          k = Float(h[:sum]) / n / ours
-          [figure, k] if CALIBRATION_RANGE.cover?(k)
-        end.to_h
+        factors = CALIBRATED.filter_map { |figure| (k = calibration(figure)) && [figure, k[0]] }.to_h
         return @samples if factors.empty?
 
         @samples.map do |s|
@@ -207,7 +196,29 @@ module Serval
         end
       end
 
+      # How many requests the model's mean of `figure` rests on: its
+      # histogram's count when the samples are taken at its mean, else the
+      # samples'.
+      def mean_basis(figure)
+        k = calibration(figure)
+        k ? k[1] : @samples.count { |s| s[figure] }
+      end
+
       private
+
+      # [factor, histogram count] for one figure, or nil (#calibrated).
+      def calibration(figure)
+        h = @histograms[figure] || (figure == :cpu && !@gvl_split && @histograms[:run]) or return nil
+        n = Array(h[:counts]).sum
+        vals = @samples.filter_map { |s| s[figure] && Float(s[figure]) }
+        return nil unless n.positive? && h[:sum] && vals.any?
+
+        ours = vals.sum / vals.size
+        return nil unless ours.positive?
+
+        k = Float(h[:sum]) / n / ours
+        CALIBRATION_RANGE.cover?(k) ? [k, n] : nil
+      end
 
       def speeds_of(list)
         return nil if list.nil?
