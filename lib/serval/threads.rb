@@ -6,7 +6,7 @@ module Serval
     module_function
 
     def spawn(name, log_writer)
-      Thread.new do
+      thread = Thread.new do
         Thread.current.name = name
         Thread.current.report_on_exception = false
         yield
@@ -14,6 +14,10 @@ module Serval
         log_writer&.exception(e, "thread #{name} died")
         raise
       end
+      # named by its creator too, so it has its name as soon as spawn returns
+      # (Thread.list, `serval-worker-N` in a thread dump), however late it starts
+      thread.name = name
+      thread
     end
   end
 end
