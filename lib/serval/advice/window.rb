@@ -60,8 +60,8 @@ module Serval
     # together; the histograms' sums cover every request of the window. The
     # model takes the samples' shapes at the histograms' means: each figure
     # of the samples is scaled so that its mean is the histogram's
-    # (#calibrated) - a thousand exponential samples put the mean anywhere
-    # within some 3 %, and the model's top and its low counts move with it.
+    # (#calibrated) - a thousand exponential samples put the mean a few per
+    # cent off either way, and the model's top and its low counts move with it.
     class Window
       FIGURES = %i[run idle stall pool_wait queue wall cpu wait].freeze
 
