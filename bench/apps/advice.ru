@@ -8,14 +8,17 @@
 #       computing: an exponentially distributed amount of this thread's CPU
 #       time (mean ms x cpu) in q + 1 equal slices, with q queries between
 #       them, each asking the database to answer after an exponential delay
-#       of mean ms x (1 - cpu) / q; with r=N (open_loop.rb --tag) the
-#       request draws from Random.new(N): the same N, the same work
+#       of mean ms x (1 - cpu) / q; with r=N (open_loop.rb --tag, wrk -s
+#       bench/lib/bench/tagged.lua) the request draws from Random.new(N):
+#       the same N, the same work; with st=B too, stratified in blocks of
+#       B tags (bench/lib/bench/draws.rb)
 #   else -> "hello"
 #
 # CPU is thread CPU time (time waiting for the GVL does not count as work).
 # Each thread keeps one connection to the database (a pool of size = threads)
 # and draws from its own Random.
 require "socket"
+require File.expand_path("../lib/bench/draws", __dir__)
 
 HEADERS = { "content-type" => "text/plain" }.freeze
 THREAD_CLOCK = Process::CLOCK_THREAD_CPUTIME_ID
@@ -35,8 +38,12 @@ def param(env, name, default)
   Float(env["QUERY_STRING"].to_s[/(?:\A|&)#{name}=([\d.]+)/, 1] || default)
 end
 
-def thread_rng = Thread.current[:advice_rng] ||= Random.new(Thread.current.object_id)
-def exponential(mean, rng) = -Math.log(1.0 - rng.rand) * mean
+# Untagged requests draw from a Random seeded afresh in every thread of every
+# process (a thread's object_id, the seed until 2026-11-26, is the same in each
+# new process, so every server replayed the same draws).
+def thread_rng = Thread.current[:advice_rng] ||= Random.new
+def exponential(mean, uniform) = -Math.log(1.0 - uniform) * mean
+
 
 def query(delay)
   db = (Thread.current[:advice_db] ||= UNIXSocket.new(DB_PATH))
@@ -55,11 +62,12 @@ run lambda { |env|
     share = param(env, "cpu", 0.35)
     queries = param(env, "q", 2).to_i
     tag = env["QUERY_STRING"].to_s[/(?:\A|&)r=(\d{1,18})(?:&|\z)/, 1]
-    rng = tag ? Random.new(Integer(tag, 10)) : thread_rng
-    slice = exponential(total * share, rng) / (queries + 1)
+    strata = env["QUERY_STRING"].to_s[/(?:\A|&)st=(\d{1,4})(?:&|\z)/, 1]&.then { |v| Integer(v, 10).clamp(1, 4096) }
+    draws = Bench::Draws.new(tag && Integer(tag, 10), strata, thread_rng)
+    slice = exponential(total * share, draws.uniform(0)) / (queries + 1)
     burn(slice)
-    queries.times do
-      query(exponential(total * (1 - share) / queries, rng))
+    queries.clamp(0, 15).times do |i|
+      query(exponential(total * (1 - share) / queries, draws.uniform(i + 1)))
       burn(slice)
     end
     [200, HEADERS.merge("content-length" => "4"), ["work"]]

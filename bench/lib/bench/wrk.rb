@@ -12,14 +12,17 @@ module Bench
       out.lines.first.to_s[/wrk\s+(\S+)/, 1] || "unknown"
     end
 
-    # headers: extra "Name: value" strings; script: a lua file (wrk -s);
-    # timeout: wrk's per-request timeout in seconds (its default is 2).
-    def command(ctx, url, duration:, connections:, threads: 1, headers: [], script: nil, timeout: nil)
+    # headers: extra "Name: value" strings; script: a lua file (wrk -s) and
+    # script_args its arguments (after wrk's `--`); timeout: wrk's per-request
+    # timeout in seconds (its default is 2).
+    def command(ctx, url, duration:, connections:, threads: 1, headers: [], script: nil, script_args: [], timeout: nil)
       argv = ["wrk", "-t#{threads}", "-c#{connections}", "-d#{duration}s", "--latency"]
       headers.each { |h| argv.push("-H", h) }
       argv.push("-s", script) if script
       argv.push("--timeout", "#{timeout.ceil}s") if timeout
-      ctx.pin_client(argv + [url])
+      argv << url
+      argv.push("--", *script_args.map(&:to_s)) if script && !script_args.empty?
+      ctx.pin_client(argv)
     end
 
     # Returns a Hash of figures (plus the raw output), raising if wrk failed.
@@ -32,6 +35,12 @@ module Bench
       raise Error, "wrk failed (#{status&.exitstatus}): #{out}" unless status&.success?
 
       parse(out, lenient: lenient).merge("command" => argv.join(" "))
+    end
+
+    # The lua script that tags every request with r=BASE+1, BASE+2, ... (its
+    # comment says why): script: tagged_script, script_args: [BASE].
+    def tagged_script
+      File.join(__dir__, "tagged.lua")
     end
 
     # The lua script that prints wrk's latency histogram and more percentiles

@@ -88,7 +88,7 @@ module Bench
         counts = thread_counts(share)
         runs = Hash.new { |h, k| h[k] = [] }
         rounds.times do |round|
-          (round.even? ? counts : counts.reverse).each { |t| runs[t] << closed(server, share, db_path, t) }
+          (round.even? ? counts : counts.reverse).each { |t| runs[t] << closed(server, share, db_path, t, round) }
         end
         sweep = counts.map do |t|
           list = runs[t]
@@ -131,8 +131,14 @@ module Bench
         # Load in 5 s steps until the window holds enough requests (the
         # advice wants 1,000, and its precision grows with the samples, up to
         # 3,072 in a minute; 70 % CPU at 3 threads serves ~70 req/s).
+        # Tagged too (each request pays what the sweep's and the open-loop
+        # runs' do: Random.new(N)), from a base of its own each run and not
+        # stratified: the window samples iid requests, as a real app's does.
+        # Each 5 s step starts 10^6 tags further on.
+        base = (200 + rand(100_000)) * 10_000_000
         while seconds < window_max_seconds && counted(proc, control_port, token) < window_requests
-          Wrk.run(ctx, url, duration: 5, connections: window_threads(share))
+          tags = tagged? ? { script: Wrk.tagged_script, script_args: [base + (seconds * 200_000)] } : {}
+          Wrk.run(ctx, url, duration: 5, connections: window_threads(share), **tags)
           seconds += 5
         end
         advice = AdviceSource.fetch(control_port: control_port, token: token, log_path: proc.log_path,
@@ -163,11 +169,40 @@ module Bench
         AdviceSource.window_requests(control_port, token) || 0
       end
 
-      def closed(server, share, db_path, threads)
+      # The sweep's work is tagged (BENCH_ADVICE_TAGGED, on by default): in
+      # round k every thread count serves the same sequence of requests (wrk
+      # -s tagged.lua, r = SWEEP_TAG_BASE x (k + 1) + 1, 2, ...; the warm-up
+      # serves the sequence's start once more), and each round another one.
+      # Untagged, a 4 s point at 70 % CPU serves ~270 requests whose mean
+      # CPU time is off its expectation by 6 % (exponential draws), and the
+      # sweep's best is the luckiest thread count's draw: session 12's
+      # sweeps read 69.7 req/s at 3 threads and 65-67 at 4-6, each point's
+      # rounds within 1 % of each other (the app seeded a thread's Random
+      # from its object_id, the same in every process). Tagged draws are
+      # also stratified in blocks of SWEEP_STRATA (bench/apps/advice.ru
+      # Draws: still exponential, but 260 requests' mean CPU strays ~1.2 %
+      # from its expectation instead of ~5 %), so that a point measures the
+      # workload's capacity and not its sample's.
+      #
+      # Open-loop runs (open_loop.rb --tag, seeds 1, 2, 3) are stratified in
+      # blocks of OPEN_STRATA: iid, the three seeds' 2,000 first requests
+      # ask for 5.3 % and 2.9 % less and 1.1 % more CPU than expected, which
+      # at 80 % load moves p99 by a quarter; in blocks of 1,024 they are
+      # within 1.3 %. Blocks that long leave the short runs of long requests
+      # that make a tail as they are (a stretch of 50 requests keeps 95 % of
+      # its iid variance), where blocks of 32 would thin them out.
+      SWEEP_TAG_BASE = 100 * 10_000_000
+      SWEEP_STRATA = 32
+      OPEN_STRATA = 1024
+
+      def tagged? = ENV.fetch("BENCH_ADVICE_TAGGED", "1") != "0"
+
+      def closed(server, share, db_path, threads, round = 0)
         with_db_server(server, db_path, threads) do |proc|
-          url = "http://127.0.0.1:#{proc.port}#{path(share)}"
-          Wrk.run(ctx, url, duration: warmup, connections: threads)
-          f = Wrk.run(ctx, url, duration: ctx.duration, connections: threads)
+          url = "http://127.0.0.1:#{proc.port}#{path(share)}#{"&st=#{SWEEP_STRATA}" if tagged?}"
+          tags = tagged? ? { script: Wrk.tagged_script, script_args: [SWEEP_TAG_BASE * (round + 1)] } : {}
+          Wrk.run(ctx, url, duration: warmup, connections: threads, **tags)
+          f = Wrk.run(ctx, url, duration: ctx.duration, connections: threads, **tags)
           ctx.log format("advice: cpu %.2f threads %d: %.1f req/s p99 %s", share, threads, f["rps"], fmt_ms(f["p99_ms"]))
           { "rps" => f["rps"], "p99_ms" => f["p99_ms"], "command" => f["command"] }
         end
@@ -326,7 +361,7 @@ module Bench
         token = AdviceSource.token
         extra = ["--control-url", "tcp://127.0.0.1:#{control_port}", "--control-token", token]
         with_db_server(server, db_path, threads, extra: extra) do |proc|
-          url = "http://127.0.0.1:#{proc.port}#{path(share)}"
+          url = "http://127.0.0.1:#{proc.port}#{path(share)}#{"&st=#{OPEN_STRATA}" if tagged?}"
           argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), "--url", url,
                                  "--rate", rate.round(3).to_s, "--duration", open_seconds.to_s, "--warmup", "2",
                                  "--seed", seed.to_s, "--latencies", "--tag"])

@@ -211,8 +211,10 @@ module Bench
       # `rounds` open-loop runs on one running server: BENCH_AUTO_WARMUP s of
       # the arrivals first (not counted), then the runs back to back, run i
       # with arrival seed i. Each run's result goes through the block if given.
+      # The requests' work is stratified in blocks of OPEN_STRATA (as
+      # `advice`'s open-loop runs: Advice::SWEEP_TAG_BASE's comment).
       def aged_runs(proc, share, rate)
-        url = "http://127.0.0.1:#{proc.port}#{path(share)}"
+        url = "http://127.0.0.1:#{proc.port}#{path(share)}#{"&st=#{OPEN_STRATA}" if tagged?}"
         Array.new(rounds) do |i|
           warm = i.zero? ? auto_warmup : 0
           argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), "--url", url,
