@@ -46,6 +46,8 @@ module Bench
       end
 
       def path(share) = "/work?ms=#{request_ms}&cpu=#{share}&q=#{queries}"
+      # path(share) with its tagged draws stratified in blocks of `strata` (when tagged?)
+      def stratified_path(share, strata) = "#{path(share)}#{"&st=#{strata}" if tagged?}"
 
       def description
         "#{request_ms.round} ms requests, exponential CPU (share #{shares.map { |s| "#{(s * 100).round} %" }.join(', ')}) " \
@@ -199,7 +201,7 @@ module Bench
 
       def closed(server, share, db_path, threads, round = 0)
         with_db_server(server, db_path, threads) do |proc|
-          url = "http://127.0.0.1:#{proc.port}#{path(share)}#{"&st=#{SWEEP_STRATA}" if tagged?}"
+          url = "http://127.0.0.1:#{proc.port}#{stratified_path(share, SWEEP_STRATA)}"
           tags = tagged? ? { script: Wrk.tagged_script, script_args: [SWEEP_TAG_BASE * (round + 1)] } : {}
           Wrk.run(ctx, url, duration: warmup, connections: threads, **tags)
           f = Wrk.run(ctx, url, duration: ctx.duration, connections: threads, **tags)
@@ -361,7 +363,7 @@ module Bench
         token = AdviceSource.token
         extra = ["--control-url", "tcp://127.0.0.1:#{control_port}", "--control-token", token]
         with_db_server(server, db_path, threads, extra: extra) do |proc|
-          url = "http://127.0.0.1:#{proc.port}#{path(share)}#{"&st=#{OPEN_STRATA}" if tagged?}"
+          url = "http://127.0.0.1:#{proc.port}#{stratified_path(share, OPEN_STRATA)}"
           argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), "--url", url,
                                  "--rate", rate.round(3).to_s, "--duration", open_seconds.to_s, "--warmup", "2",
                                  "--seed", seed.to_s, "--latencies", "--tag"])

@@ -214,7 +214,7 @@ module Bench
       # The requests' work is stratified in blocks of OPEN_STRATA (as
       # `advice`'s open-loop runs: Advice::SWEEP_TAG_BASE's comment).
       def aged_runs(proc, share, rate)
-        url = "http://127.0.0.1:#{proc.port}#{path(share)}#{"&st=#{OPEN_STRATA}" if tagged?}"
+        url = "http://127.0.0.1:#{proc.port}#{stratified_path(share, OPEN_STRATA)}"
         Array.new(rounds) do |i|
           warm = i.zero? ? auto_warmup : 0
           argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), "--url", url,
