@@ -224,6 +224,30 @@ class AutoControllerTest < Minitest::Test
     4.times { refute c4.observe(m(threads: 6, rps: 55, queue: 0.03, wall: 0.05, gvl: 0.99), model: closed).changed }
   end
 
+  # At part load two intervals' mean latencies differ by more than a thread
+  # changes them: the measured-down rule (as many req/s, more stall, no
+  # shorter latency) does not apply there; the predicted p99 decides. The
+  # same figures at saturation (no p99) still take the thread back.
+  def test_at_part_load_the_measured_down_rule_gives_way_to_the_p99_rule
+    inf = Float::INFINITY
+    model = { rps: [45, 80, 100, 115, 125, 129, 131, 131], stall: Array.new(8, 0.0),
+              p99: [inf, inf, inf, 0.5, 0.30, 0.21, 0.22, 0.24], rate: 107.0 }
+    c = controller(initial: 5, cooldown: 0, agree: 1, step: 1, margin: 0)
+    d = c.observe(m(threads: 5, rps: 107.3, queue: 0.06, stall: 0.013, wall: 0.05, gvl: 0.83), model: model)
+    assert_equal 6, d.target
+    # 6 threads: as many req/s (the arrivals), more stall, a latency no shorter
+    d = c.observe(m(threads: 6, rps: 107.4, queue: 0.06, stall: 0.0176, wall: 0.05, gvl: 0.83), model: model)
+    refute d.changed, d.reason
+    assert_match(/p99 at 6 threads \(210 ms\) is within 5 % of the best \(6 threads\)/, d.reason)
+    closed = model.merge(p99: nil)
+    s = controller(initial: 5, cooldown: 0, agree: 1, step: 1, margin: 0)
+    s.observe(m(threads: 5, rps: 125, queue: 0.2, stall: 0.013, wall: 0.05, gvl: 0.95), model: closed)
+    assert_equal 6, s.target
+    d = s.observe(m(threads: 6, rps: 125.2, queue: 0.2, stall: 0.0176, wall: 0.05, gvl: 0.95), model: closed)
+    assert_equal 5, d.target
+    assert_match(/6 threads served 125\.2 req\/s, 5 served 125\.0 with less stall/, d.reason)
+  end
+
   def test_the_default_target_is_the_models_knee
     assert_equal 0, Controller::DEFAULTS[:margin]
   end

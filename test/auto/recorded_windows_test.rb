@@ -92,6 +92,23 @@ class AutoRecordedWindowsTest < Minitest::Test
     assert_nil Serval::Auto::Model.call(w, max: 8)
   end
 
+  # Open-loop p99 is predicted at 10 % more than the measured rate (the
+  # model's capacity per count errs by a few per cent; near capacity p99
+  # climbs steeply), and at the measured rate when no count keeps up with
+  # that; `rate` stays the measured one (the tuner's drift check).
+  def test_open_loop_p99_is_predicted_with_headroom
+    w = JSON.parse(File.read(File.join(FIXTURES, "window-70.json")))
+    got = Serval::Auto::Model.call(w, max: 6, rate: 50)
+    assert_equal 50, got[:rate]
+    assert_in_delta 55.0, got[:p99_rate], 1e-9
+    assert_equal Serval::Auto::Model.call(w, max: 6, rate: 55.0, headroom: 0)[:p99], got[:p99]
+    top = got[:rps].max
+    near = top / Serval::Auto::Model::OPEN_ROOM / 1.05 # kept up with, but not with 10 % more
+    at = Serval::Auto::Model.call(w, max: 6, rate: near)
+    assert_in_delta near, at[:p99_rate], 1e-9
+    assert(at[:p99].any? { |p| p&.finite? }, at[:p99].inspect)
+  end
+
   # The window's cpu_speed (the CPU's measured speed) reaches the open-loop
   # p99 the controller compares counts by, not the closed-loop req/s. (Its
   # direction is the simulation's, test/advice/simulation_test.rb: with

@@ -56,7 +56,11 @@ module Serval
     # - down when stall grew without gain: a thread fewer served as many
     #   req/s (measured, within `down_gain`, at this workload) with less stall
     #   and no longer latency (queue + wall: under open-loop arrivals req/s
-    #   is the arrival rate and a thread's gain is a shorter wait); or the
+    #   is the arrival rate and a thread's gain is a shorter wait; not at
+    #   part load with a model that predicts p99, where the rule below
+    #   decides: there two 5 s means of latency differ by more than a thread
+    #   changes them, and the comparison kept whichever count had the quieter
+    #   interval); or the
     #   model puts the count `slack` threads past its target while
     #   requests stall (mean > `stall_share` of wall), unless this process
     #   measured that the count gained over one fewer (more req/s or a
@@ -177,11 +181,10 @@ module Serval
           return [:hold, n, "#{m.requests} requests in the interval, need #{@s[:min_requests]}"]
         end
 
-        down = measured_down(m, n)
-        return down if down
-
         queued = m.queue_p90.to_f > @s[:queue_target]
-        model ? model_vote(m, model, cap, queued) : plain_vote(m, cap, queued)
+        return model_vote(m, model, cap, queued) if model
+
+        measured_down(m, n) || plain_vote(m, cap, queued)
       end
 
       # "Down when stall grows without throughput gain", from what this
@@ -208,6 +211,9 @@ module Serval
         want = [@want, ceiling].min
         open = open_vote(m, model, cap, here)
         return open if open
+
+        down = measured_down(m, n)
+        return down if down
 
         if queued && want > n
           gain = rps[want - 1] / here - 1

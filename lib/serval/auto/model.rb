@@ -14,26 +14,38 @@ module Serval
     #
     # With `rate:` (the arrival rate the process measures, req/s) it also
     # predicts the p99 latency, queue included, of open (Poisson) arrivals at
-    # that rate (`p99:`, Float::INFINITY where the count cannot keep up):
-    # what the controller minimises at part load, where closed-loop
-    # throughput says nothing about which count answers fastest. To keep a
+    # that rate plus `headroom` (HEADROOM: 10 % more; `p99:`,
+    # Float::INFINITY where the count cannot keep up): what the controller
+    # minimises at part load, where closed-loop throughput says nothing
+    # about which count answers fastest. The headroom is there because p99
+    # near a count's capacity climbs steeply with the load (as 1 / (1 - load)
+    # and faster), and the model's capacity per count errs by a few per cent
+    # (docs/benchmarks.md: the advice's max req/s, -4 to +5 %), mostly low
+    # at the top: at the measured rate the counts a few per cent apart in
+    # capacity come out alike, and the fewest of them - the one nearest its
+    # capacity - was chosen where a measured sweep put its p99 1.5x the
+    # best's (docs/tuning.md, "At part load"). At 10 % more arrivals a count
+    # with too little room shows it, and one with room to spare is not
+    # charged: its p99 moves little. If no count keeps up with the higher
+    # rate, the measured rate is used. To keep a
     # run short (it is Ruby that requests wait behind) the counts are
     # simulated upward from the first that keeps up and no further than two
     # past the lowest p99 once two in a row came out worse, but always
     # through `through` (the count running); the rest are nil (not simulated).
     #
-    # Returns {rps: [...], stall: [...], p99: [...] or nil, rate:, requests:,
-    # cpu_share:} or nil when the window holds fewer than MIN_SAMPLES
+    # Returns {rps: [...], stall: [...], p99: [...] or nil, rate: (measured),
+    # p99_rate: (the rate p99 is for), requests:, cpu_share:} or nil when the window holds fewer than MIN_SAMPLES
     # measured requests.
     module Model
       REQUESTS = 3000     # simulated requests per thread count
       MIN_SAMPLES = 200   # measured requests needed
       SEED = 7
       OPEN_ROOM = 1.02    # a count must serve this much more than the arrival rate to be simulated open
+      HEADROOM = 0.1      # open-loop p99 is predicted at this much more than the measured rate
 
       module_function
 
-      def call(window, max:, rate: nil, through: nil)
+      def call(window, max:, rate: nil, through: nil, headroom: HEADROOM)
         w = window.is_a?(Advice::Window) ? window : Advice::Window.new(window)
         return nil if w.measured < MIN_SAMPLES
 
@@ -45,8 +57,19 @@ module Serval
                                      speed: w.cpu_speed, # open-loop p99 replays the measured CPU speed
                                      **workload.sim_options)
         rows = (1..max).map { |t| sim.closed(t) }
-        { rps: rows.map(&:rps), stall: rows.map(&:stall_mean), p99: open_p99(sim, rows, rate, through.to_i), rate: rate,
-          requests: w.requests, cpu_share: workload.cpu_share }
+        at = open_rate(rows, rate, headroom)
+        { rps: rows.map(&:rps), stall: rows.map(&:stall_mean), p99: open_p99(sim, rows, at, through.to_i), rate: rate,
+          p99_rate: at, requests: w.requests, cpu_share: workload.cpu_share }
+      end
+
+      # The rate open-loop p99 is predicted at: rate x (1 + headroom), or the
+      # rate itself when no count would keep up with that (at or near
+      # saturation, where the closed-loop rules decide anyway).
+      def open_rate(rows, rate, headroom)
+        return rate unless rate&.positive? && headroom.to_f.positive?
+
+        higher = rate * (1 + headroom)
+        rows.any? { |r| r.rps > higher * OPEN_ROOM } ? higher : rate
       end
 
       # p99 latency of Poisson arrivals at `rate` for each count, the same
