@@ -30,6 +30,17 @@ module Bench
     #    the method before 2026-11-26: a server's first 17 s gave p99 214 ms
     #    at 3 threads where its 30-75th s gave 273, which auto was charged).
     #
+    # 4. paired (BENCH_AUTO_PAIRED_ROUNDS, 4; 0: off): the sweep's best
+    #    count is a maximum of seven noisy medians, biased high (rounds of
+    #    one count spread 5-15 % closed loop and 2x in p99 on this machine),
+    #    and auto is measured minutes after it. So the best fixed count and
+    #    auto are measured again side by side: both servers up at once (the
+    #    idle one costs next to nothing), each warmed as above, then rounds
+    #    that alternate between them (closed loop: the same wrk runs; open
+    #    loop: round i of both with arrival seed i). Auto's figure against
+    #    the best count's from these rounds is the check; the sweep's
+    #    figures stay in the results beside it.
+    #
     # Done (issue 10): auto >= 95 % of the best fixed req/s; open-loop p99
     # within 10 % of the best fixed count's. Puma at BENCH_AUTO_PUMA_THREADS
     # (5) threads is measured beside it, closed and open loop, when selected.
@@ -45,6 +56,7 @@ module Bench
       def open? = ENV["BENCH_AUTO_OPEN"] == "1"
       def rounds = [ctx.rounds, 1].max
       def puma_threads = Integer(ENV.fetch("BENCH_AUTO_PUMA_THREADS", "5"))
+      def paired_rounds = Integer(ENV.fetch("BENCH_AUTO_PAIRED_ROUNDS", "4"))
       def server_names = %w[serval puma]
 
       def description
@@ -78,10 +90,11 @@ module Bench
         ratio = auto["rps"] / best["rps"]
         ctx.log format("auto: cpu %.2f best fixed %d threads %.1f req/s; auto %.1f req/s (%.3f) at %s threads",
                        share, best["threads"], best["rps"], auto["rps"], ratio, auto["threads"].inspect)
+        paired = paired_closed(server, share, db_path, best["threads"]) if paired_rounds.positive?
         open = open? ? open_compare(server, share, db_path, best["rps"]) : nil
-        ok = ratio >= 0.95 && (open.nil? || open["ok"])
+        ok = (paired ? paired["ratio"] : ratio) >= 0.95 && (open.nil? || open["ok"])
         { "share" => share, "fixed_method" => fixed_method, "sweep" => sweep, "best" => best, "auto" => auto,
-          "ratio" => ratio, "open_loop" => open,
+          "ratio" => ratio, "paired" => paired, "open_loop" => open,
           "puma" => @puma && puma_beside(share, db_path, open && open["rate"]), "ok" => ok }
       end
 
@@ -155,8 +168,79 @@ module Bench
         ok = auto["p99_ms"] && best["p99_ms"] && auto["p99_ms"] <= 1.1 * best["p99_ms"]
         ctx.log format("auto: cpu %.2f open %.1f req/s: best fixed %d p99 %.1f ms, auto p99 %.1f ms at %s threads",
                        share, rate, best["threads"], best["p99_ms"].to_f, auto["p99_ms"].to_f, auto["threads"].inspect)
+        paired = paired_open(server, share, db_path, best["threads"], rate) if paired_rounds.positive?
+        ok = paired["ok"] if paired
         { "rate" => rate, "fixed_method" => fixed_method, "fixed" => per, "best" => best, "auto" => auto,
-          "ok" => ok ? true : false }
+          "paired" => paired, "ok" => ok ? true : false }
+      end
+
+      # The best fixed count and auto side by side (class comment, 4):
+      # closed loop, median req/s of each one's rounds.
+      def paired_closed(server, share, db_path, threads)
+        both(server, db_path, threads) do |fixed, auto, control|
+          urls = { "fixed" => "http://127.0.0.1:#{fixed.port}#{path(share)}",
+                   "auto" => "http://127.0.0.1:#{auto.port}#{path(share)}" }
+          urls.each_value { |url| Wrk.run(ctx, url, duration: auto_warmup, connections: clients) }
+          runs = alternate { |k, _| Wrk.run(ctx, urls[k], duration: ctx.duration, connections: clients)["rps"] }
+          out = { "threads" => threads, "fixed_rps" => median(runs["fixed"]), "auto_rps" => median(runs["auto"]),
+                  "rounds" => runs, "auto_threads" => control.call&.dig("target_threads"), "log" => changes(auto) }
+          out["ratio"] = out["auto_rps"] / out["fixed_rps"]
+          ctx.log format("auto: cpu %.2f paired closed: fixed %d %s, auto %s (at %s threads): %.3f", share, threads,
+                         runs["fixed"].map { |v| v.round(1) }.inspect, runs["auto"].map { |v| v.round(1) }.inspect,
+                         out["auto_threads"].inspect, out["ratio"])
+          out
+        end
+      end
+
+      # The same for open-loop arrivals: round i of both with arrival seed i,
+      # p99 of each one's latencies pooled.
+      def paired_open(server, share, db_path, threads, rate)
+        both(server, db_path, threads) do |fixed, auto, control|
+          procs = { "fixed" => fixed, "auto" => auto }
+          procs.each_value { |proc| open_loop(proc, share, rate, seed: 99, warm: auto_warmup, seconds: 0) }
+          runs = alternate { |k, i| open_loop(procs[k], share, rate, seed: i + 1, warm: 0, seconds: open_seconds) }
+          p99 = runs.transform_values { |list| pooled(list, 0.99) }
+          out = { "threads" => threads, "fixed_p99_ms" => p99["fixed"], "auto_p99_ms" => p99["auto"],
+                  "rounds_p99_ms" => runs.transform_values { |list| list.map { |m| m["p99_ms"] } },
+                  "auto_threads" => control.call&.dig("target_threads"), "log" => changes(auto) }
+          out["ok"] = p99["auto"] && p99["fixed"] && p99["auto"] <= 1.1 * p99["fixed"] ? true : false
+          ctx.log format("auto: cpu %.2f paired open %.1f req/s: fixed %d p99 %.1f ms %s, auto %.1f ms %s at %s threads",
+                         share, rate, threads, p99["fixed"].to_f, out["rounds_p99_ms"]["fixed"].map { |v| v.to_f.round }.inspect,
+                         p99["auto"].to_f, out["rounds_p99_ms"]["auto"].map { |v| v.to_f.round }.inspect,
+                         out["auto_threads"].inspect)
+          out
+        end
+      end
+
+      # A fixed-count server and an auto server, both up.
+      def both(server, db_path, threads, &block)
+        with_db_server(server, db_path, threads) do |fixed|
+          with_auto_server(server, db_path) { |auto, control| block.call(fixed, auto, control) }
+        end
+      end
+
+      # paired_rounds rounds, alternating which of fixed and auto goes first:
+      # {"fixed" => [...], "auto" => [...]} of the block's results.
+      def alternate
+        runs = { "fixed" => [], "auto" => [] }
+        paired_rounds.times do |i|
+          (i.even? ? %w[fixed auto] : %w[auto fixed]).each { |k| runs[k] << yield(k, i) }
+        end
+        runs
+      end
+
+      def changes(proc) = File.readlines(proc.log_path).grep(/threads: \d+ -> \d+/).map(&:strip)
+
+      # One open-loop run against a running server (latencies kept).
+      def open_loop(proc, share, rate, seed:, warm:, seconds:)
+        url = "http://127.0.0.1:#{proc.port}#{stratified_path(share, OPEN_STRATA)}"
+        argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), "--url", url,
+                               "--rate", rate.to_s, "--duration", [seconds, 1].max.to_s, "--warmup", warm.to_s,
+                               "--seed", seed.to_s, "--latencies", "--tag"])
+        status, out, timed_out = Util.capture(argv, timeout: seconds + warm + 60)
+        raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
+
+        JSON.parse(out.lines.last)
       end
 
       # Puma at a fixed count under the same closed loop (median of rounds)
@@ -214,16 +298,8 @@ module Bench
       # The requests' work is stratified in blocks of OPEN_STRATA (as
       # `advice`'s open-loop runs: Advice::SWEEP_TAG_BASE's comment).
       def aged_runs(proc, share, rate)
-        url = "http://127.0.0.1:#{proc.port}#{stratified_path(share, OPEN_STRATA)}"
         Array.new(rounds) do |i|
-          warm = i.zero? ? auto_warmup : 0
-          argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), "--url", url,
-                                 "--rate", rate.to_s, "--duration", open_seconds.to_s, "--warmup", warm.to_s,
-                                 "--seed", (i + 1).to_s, "--latencies", "--tag"])
-          status, out, timed_out = Util.capture(argv, timeout: open_seconds + warm + 60)
-          raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
-
-          m = JSON.parse(out.lines.last)
+          m = open_loop(proc, share, rate, seed: i + 1, warm: i.zero? ? auto_warmup : 0, seconds: open_seconds)
           block_given? ? yield(m) : m
         end
       end
@@ -271,6 +347,17 @@ module Bench
                    o ? format("%.0f ms", o["auto"]["p99_ms"].to_f) : "-", puma_cell(s["puma"]), s["ok"] ? "yes" : "no"]
           notes << "#{(s['share'] * 100).round} % sweep: " + s["sweep"].map { |r| format("%d: %s", r["threads"], fmt_rps(r["rps"])) }.join(", ")
           notes << "#{(s['share'] * 100).round} % auto log: #{s['auto']['log'].join(' | ')}"
+          if (pc = s["paired"])
+            notes << format("%d %% paired closed loop, fixed %d vs auto: %s vs %s req/s: %.3f",
+                            (s["share"] * 100).round, pc["threads"], pc["rounds"]["fixed"].map { |v| v.round(1) }.inspect,
+                            pc["rounds"]["auto"].map { |v| v.round(1) }.inspect, pc["ratio"])
+          end
+          if (po = o && o["paired"])
+            notes << format("%d %% paired open loop, fixed %d vs auto: p99 %.0f vs %.0f ms (rounds %s vs %s)",
+                            (s["share"] * 100).round, po["threads"], po["fixed_p99_ms"].to_f, po["auto_p99_ms"].to_f,
+                            po["rounds_p99_ms"]["fixed"].map { |v| v.to_f.round }.inspect,
+                            po["rounds_p99_ms"]["auto"].map { |v| v.to_f.round }.inspect)
+          end
           next unless o
 
           notes << "#{(s['share'] * 100).round} % open p99 (#{o['fixed_method'] || 'fresh'} servers): " +
