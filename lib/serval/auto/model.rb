@@ -34,8 +34,8 @@ module Serval
     # through `through` (the count running); the rest are nil (not simulated).
     #
     # Returns {rps: [...], stall: [...], p99: [...] or nil, rate: (measured),
-    # p99_rate: (the rate p99 is for), requests:, cpu_share:} or nil when the window holds fewer than MIN_SAMPLES
-    # measured requests.
+    # p99_rate: (the rate p99 is for), requests:, cpu_share:} or nil when
+    # the window holds fewer than MIN_SAMPLES measured requests.
     module Model
       REQUESTS = 3000     # simulated requests per thread count
       MIN_SAMPLES = 200   # measured requests needed

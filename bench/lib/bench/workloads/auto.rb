@@ -140,7 +140,7 @@ module Bench
           Wrk.run(ctx, url, duration: auto_warmup, connections: clients)
           list = Array.new(rounds) { Wrk.run(ctx, url, duration: ctx.duration, connections: clients) }
           auto = control.call
-          lines = File.readlines(proc.log_path).grep(/threads: \d+ -> \d+/).map(&:strip)
+          lines = changes(proc)
           rps = median(list.map { |f| f["rps"] })
           ctx.log format("auto: cpu %.2f auto: %.1f req/s (rounds %s), target %s; %d changes", share, rps,
                          list.map { |f| f["rps"].round(1) }.inspect, auto&.dig("target_threads").inspect, lines.size)
@@ -280,7 +280,7 @@ module Bench
         with_auto_server(server, db_path) do |proc, control|
           runs = aged_runs(proc, share, rate) { |m| m.merge("threads" => control.call&.dig("target_threads")) }
           auto = control.call
-          lines = File.readlines(proc.log_path).grep(/threads: \d+ -> \d+/).map(&:strip)
+          lines = changes(proc)
           ctx.log format("auto: cpu %.2f open auto: p99 rounds %s, threads %s; %d changes: %s", share,
                          runs.map { |m| m["p99_ms"].to_f.round(1) }.inspect, runs.map { |m| m["threads"] }.inspect,
                          lines.size, lines.last(3).join(" | "))
