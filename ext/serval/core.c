@@ -175,6 +175,8 @@ static void read_options(sv_options *o, VALUE opts)
     o->max_keepalive_requests = (unsigned)opt_num(opts, "max_keepalive_requests");
     o->min_body_rate = opt_num(opts, "min_body_rate");
     o->max_queue_time = opt_num(opts, "max_queue_time");
+    VALUE polls = rb_hash_lookup2(opts, ID2SYM(rb_intern("thread_polls")), Qtrue);
+    o->thread_polls = RTEST(polls); /* absent: on where possible (polls.c) */
     o->balance = RTEST(rb_hash_lookup(opts, ID2SYM(rb_intern("balance"))));
     o->balance_close = o->balance && RTEST(rb_hash_lookup(opts, ID2SYM(rb_intern("balance_close"))));
     VALUE tmp = rb_hash_lookup2(opts, ID2SYM(rb_intern("tmpdir")), Qnil);
@@ -247,6 +249,7 @@ static VALUE core_start(VALUE self)
     sv_core *core = sv_core_get(self);
     if (core->started)
         rb_raise(rb_eRuntimeError, "already started");
+    sv_polls_start(core); /* before the loop runs: it reads polls_on */
     if (sv_core_start(core) != 0)
         rb_sys_fail("pthread_create");
     return self;
@@ -260,6 +263,8 @@ typedef struct {
     int interrupted;
     sv_conn *got;
     sv_waiter *waiter;   /* while asleep (for wait_ubf); set and cleared under core->mu */
+    int yielding;        /* thread polls: sleep though requests are queued, until woken (polls.c) */
+    int retry;           /* thread polls: woken for a queued request; take it holding the GVL */
 } wait_args;
 
 static int nothing_more(sv_core *core)
@@ -278,6 +283,8 @@ static sv_conn *pop_locked(sv_core *core)
         core->queued--;
         if (core->opt.max_queue_time > 0) /* load shedding measures the queue (shed.h) */
             sv_shed_taken(&core->shed, sv_now(), c->queued_at, c->q_ahead);
+        if (core->polls_on) /* counted from here: a thread waiting for the GVL with it is running */
+            sv_polls_took(core);
     }
     return c;
 }
@@ -307,7 +314,11 @@ static void *wait_nogvl(void *p)
         sv_core_wake(core);
     }
     a->waiter = &w;
-    while (!core->q_head && !a->interrupted && !nothing_more(core)) {
+    if (atomic_load(&core->duty) && !core->q_head && atomic_load(&core->running) <= 0) {
+        atomic_store(&core->duty, 0); /* thread polls: the last to sleep gives the loop its epoll back */
+        pthread_cond_signal(&core->park_cv);
+    }
+    while ((!core->q_head || (a->yielding && !w.woken)) && !a->interrupted && !nothing_more(core)) {
         if (w.woken) { /* woken, but a thread in the fast path took the request */
             w.woken = 0;
             core->waking--;
@@ -322,7 +333,10 @@ static void *wait_nogvl(void *p)
     if (w.woken)
         core->waking--;
     core->waiting--;
-    a->got = pop_locked(core);
+    if (atomic_load(&core->duty) && core->q_head && !nothing_more(core))
+        a->retry = 1; /* take it with the GVL (core_next): not hold it while others run */
+    else if ((a->got = pop_locked(core)) && core->polls_on)
+        atomic_fetch_add(&core->unstarted, 1); /* until this thread has the GVL (polls.c) */
     pthread_mutex_unlock(&core->mu);
     pthread_cond_destroy(&w.cv);
     return NULL;
@@ -338,16 +352,52 @@ static void wait_ubf(void *p)
     pthread_mutex_unlock(&a->core->mu);
 }
 
+static sv_conn *pop(sv_core *core)
+{
+    pthread_mutex_lock(&core->mu);
+    sv_conn *c = pop_locked(core);
+    pthread_mutex_unlock(&core->mu);
+    return c;
+}
+
+static VALUE wait_protected(VALUE p)
+{
+    wait_args *a = (wait_args *)p;
+    rb_thread_call_without_gvl(wait_nogvl, a, wait_ubf, a);
+    return Qnil;
+}
+
+/* With thread polls (polls.c) the thread may first leave the queue to
+ * another (sv_polls_yield) or run a round of the loop's events itself
+ * (sv_polls_poll); without, it takes the queue's head or sleeps. */
 static VALUE core_next(VALUE self, VALUE timeout)
 {
     sv_core *core = sv_core_get(self);
-    wait_args a = {core, 0, 0, NULL, NULL};
-    pthread_mutex_lock(&core->mu);
-    a.got = pop_locked(core); /* fast path: keep the GVL when work is waiting */
-    pthread_mutex_unlock(&core->mu);
-    if (!a.got) {
-        a.deadline = sv_now() + (NIL_P(timeout) ? 86400.0 * 365 : NUM2DBL(timeout));
-        rb_thread_call_without_gvl(wait_nogvl, &a, wait_ubf, &a);
+    wait_args a = {core, 0, 0, NULL, NULL, 0, 0};
+    a.deadline = sv_now() + (NIL_P(timeout) ? 86400.0 * 365 : NUM2DBL(timeout));
+    a.yielding = sv_polls_yield(core);
+    for (;;) {
+        if (!a.yielding) {
+            sv_polls_poll(core, !core->q_head); /* q_head read unlocked: a hint */
+            a.got = pop(core); /* fast path: keep the GVL when work is waiting */
+            if (!a.got && sv_polls_poll(core, 1))
+                a.got = pop(core);
+            if (a.got)
+                break;
+        }
+        a.retry = 0;
+        int state = 0;
+        rb_protect(wait_protected, (VALUE)&a, &state);
+        a.yielding = 0;
+        if (a.got && core->polls_on)
+            atomic_fetch_sub(&core->unstarted, 1);
+        if (state) { /* interrupted (Thread#raise, #kill) after the wait took a request: close it */
+            if (a.got)
+                sv_conn_give_to_loop_dead(a.got);
+            rb_jump_tag(state);
+        }
+        if (a.got || !a.retry)
+            break;
     }
     if (!a.got)
         return Qnil;
@@ -368,6 +418,7 @@ static void *drain_nogvl(void *p)
     pthread_mutex_lock(&core->mu);
     core->draining = 1;
     sv_wake_all(core);
+    pthread_cond_signal(&core->park_cv); /* a parked loop stops accepting at once */
     pthread_mutex_unlock(&core->mu);
     sv_core_wake(core);
     pthread_mutex_lock(&core->mu);
@@ -430,6 +481,8 @@ static VALUE core_stats(VALUE self)
     rb_hash_aset(h, ID2SYM(rb_intern("output_spilled_bytes")), ULL2NUM(atomic_load(&core->spill_used)));
     rb_hash_aset(h, ID2SYM(rb_intern("output_spills")), ULONG2NUM(atomic_load(&core->spills)));
     rb_hash_aset(h, ID2SYM(rb_intern("output_waits")), ULONG2NUM(atomic_load(&core->spill_waits)));
+    rb_hash_aset(h, ID2SYM(rb_intern("thread_polls")), core->polls_on ? Qtrue : Qfalse); /* polls.c */
+    rb_hash_aset(h, ID2SYM(rb_intern("polled_rounds")), ULONG2NUM(atomic_load(&core->polled_rounds)));
     rb_hash_aset(h, ID2SYM(rb_intern("draining")), draining ? Qtrue : Qfalse);
     rb_hash_aset(h, ID2SYM(rb_intern("stopping")), stopping ? Qtrue : Qfalse);
     return h;

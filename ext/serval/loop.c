@@ -408,8 +408,10 @@ static void dispatch(sv_conn *c)
     int none_partial = was_partial && atomic_fetch_sub(&core->partial, 1) == 1;
     if (none_partial && core->draining)
         sv_wake_all(core); /* one takes the request, the others may leave */
-    else
+    else if (!atomic_load(&core->duty))
         sv_wake_dispatched(core); /* one sleeping thread, if any (wake.c) */
+    /* thread polls (polls.c): the running threads take it; one sleeping is
+     * woken when they block, or by the parked loop */
     pthread_mutex_unlock(&core->mu);
 }
 
@@ -819,52 +821,128 @@ static int loop_should_exit(sv_core *core, double now)
     return 1;
 }
 
+/* One batch of epoll events, by whoever holds core->poll_mu. */
+static void handle_events(sv_core *core, struct epoll_event *events, int n)
+{
+    for (int i = 0; i < n; i++) {
+        int kind = *(int *)events[i].data.ptr;
+        if (kind == SV_KIND_LISTENER) {
+            if (core->accepting == 1)
+                do_accept(core, events[i].data.ptr);
+        } else if (kind == SV_KIND_WAKE) {
+            handle_wake(core);
+        } else {
+            conn_event(events[i].data.ptr, events[i].events);
+        }
+    }
+}
+
+int sv_loop_poll(sv_core *core)
+{
+    struct epoll_event events[SV_EVENTS];
+    int n = epoll_wait(core->epfd, events, SV_EVENTS, 0);
+    if (n > 0)
+        handle_events(core, events, n);
+    bury(core);
+    atomic_store(&core->last_poll, sv_now());
+    return n;
+}
+
+/* Draining, eviction, timeouts, balance: the loop thread's own work after
+ * each round and each park. */
+static void housekeeping(sv_core *core)
+{
+    pthread_mutex_lock(&core->mu);
+    int draining = core->draining || core->stopping;
+    pthread_mutex_unlock(&core->mu);
+    if (draining && core->accepting >= 0) {
+        listeners_register(core, 0);
+        core->accepting = -1; /* never again */
+        pthread_mutex_lock(&core->mu);
+        core->accept_closed = 1;
+        pthread_cond_broadcast(&core->cv);
+        pthread_mutex_unlock(&core->mu);
+    }
+    double now = sv_now();
+    if (core->evict_wanted && !draining) {
+        core->evict_wanted = 0;
+        if (evict_slowest(core, now) > 0)
+            listeners_register(core, 1); /* the waiting connections are taken next round */
+    }
+    if (now >= core->next_scan || draining) {
+        scan_timeouts(core, now);
+        sv_out_trim(core, now);
+        core->next_scan = now + SV_SCAN_INTERVAL_MS / 1000.0;
+    }
+    if (core->opt.balance && !draining && core->accepting >= 0)
+        balance_listeners(core);
+    bury(core); /* no event of this round names them any more */
+}
+
+/* Thread polls (polls.c): after a round, request threads that took a
+ * request within SV_PARK_MS will be back in Core#next soon and poll there.
+ * A thread alone in a long request is not waited for. */
+static int threads_will_poll(sv_core *core)
+{
+    if (!core->polls_on || atomic_load(&core->running) <= 0)
+        return 0;
+    double now = sv_now();
+    if (now - atomic_load(&core->last_take) > SV_PARK_MS / 1000.0)
+        return 0;
+    pthread_mutex_lock(&core->mu);
+    int go = !core->stopping && !core->draining;
+    if (go) {
+        atomic_store(&core->last_poll, now);
+        atomic_store(&core->duty, 1);
+    }
+    pthread_mutex_unlock(&core->mu);
+    return go;
+}
+
+/* Parked (poll_mu released): until the last request thread goes to sleep
+ * and ends the duty (core.c wait_nogvl), or no thread has polled for
+ * SV_PARK_MS; a request queued that long with nobody taking one gets a
+ * sleeping thread. Leaving, the loop takes the epoll back and wakes threads
+ * for what is queued (dispatch woke none). */
+static void park(sv_core *core)
+{
+    pthread_mutex_lock(&core->mu);
+    while (atomic_load(&core->duty) && !core->stopping && !core->draining) {
+        double now = sv_now(), until = atomic_load(&core->last_poll) + SV_PARK_MS / 1000.0;
+        if (now >= until)
+            break;
+        if (core->q_head && now - atomic_load(&core->last_take) > SV_PARK_MS / 1000.0)
+            sv_wake_dispatched(core);
+        struct timespec ts;
+        ts.tv_sec = (time_t)until;
+        ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+        pthread_cond_timedwait(&core->park_cv, &core->mu, &ts);
+    }
+    atomic_store(&core->duty, 0);
+    for (size_t i = 0; i < core->queued; i++)
+        sv_wake_dispatched(core); /* stops at the first with no sleeping thread left */
+    pthread_mutex_unlock(&core->mu);
+}
+
 static void *loop_main(void *arg)
 {
     sv_core *core = arg;
     struct epoll_event events[SV_EVENTS];
+    pthread_mutex_lock(&core->poll_mu);
     listeners_register(core, 1);
     core->next_scan = sv_now() + SV_SCAN_INTERVAL_MS / 1000.0;
     for (;;) {
         int n = epoll_wait(core->epfd, events, SV_EVENTS, SV_SCAN_INTERVAL_MS);
-        for (int i = 0; i < n; i++) {
-            int kind = *(int *)events[i].data.ptr;
-            if (kind == SV_KIND_LISTENER) {
-                if (core->accepting == 1)
-                    do_accept(core, events[i].data.ptr);
-            } else if (kind == SV_KIND_WAKE) {
-                handle_wake(core);
-            } else {
-                conn_event(events[i].data.ptr, events[i].events);
-            }
-        }
-        pthread_mutex_lock(&core->mu);
-        int draining = core->draining || core->stopping;
-        pthread_mutex_unlock(&core->mu);
-        if (draining && core->accepting >= 0) {
-            listeners_register(core, 0);
-            core->accepting = -1; /* never again */
-            pthread_mutex_lock(&core->mu);
-            core->accept_closed = 1;
-            pthread_cond_broadcast(&core->cv);
-            pthread_mutex_unlock(&core->mu);
-        }
-        double now = sv_now();
-        if (core->evict_wanted && !draining) {
-            core->evict_wanted = 0;
-            if (evict_slowest(core, now) > 0)
-                listeners_register(core, 1); /* the waiting connections are taken next round */
-        }
-        if (now >= core->next_scan || draining) {
-            scan_timeouts(core, now);
-            sv_out_trim(core, now);
-            core->next_scan = now + SV_SCAN_INTERVAL_MS / 1000.0;
-        }
-        if (core->opt.balance && !draining && core->accepting >= 0)
-            balance_listeners(core);
-        bury(core); /* no event of this round names them any more */
-        if (loop_should_exit(core, now))
+        handle_events(core, events, n);
+        housekeeping(core);
+        if (loop_should_exit(core, sv_now()))
             break;
+        if (threads_will_poll(core)) {
+            pthread_mutex_unlock(&core->poll_mu);
+            park(core);
+            pthread_mutex_lock(&core->poll_mu);
+            housekeeping(core);
+        }
     }
     /* close what the loop owns; Ruby-owned connections stay until their Request ends */
     handle_wake(core);
@@ -874,6 +952,7 @@ static void *loop_main(void *arg)
             conn_destroy(c);
     }
     bury(core);
+    pthread_mutex_unlock(&core->poll_mu);
     return NULL;
 }
 
@@ -894,6 +973,7 @@ int sv_core_init(sv_core *core)
     if (epoll_ctl(core->epfd, EPOLL_CTL_ADD, core->wakefd, &ev) != 0)
         return -1;
     pthread_mutex_init(&core->mu, NULL);
+    pthread_mutex_init(&core->poll_mu, NULL);
     sv_pool_init(&core->buf_pool, SV_POOL_BLOCK);
     sv_pool_init(&core->req_pool, sizeof(sv_request));
     core->pools_ready = 1;
@@ -901,6 +981,7 @@ int sv_core_init(sv_core *core)
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&core->cv, &ca);
+    pthread_cond_init(&core->park_cv, &ca);
     pthread_condattr_destroy(&ca);
     return 0;
 }
@@ -935,6 +1016,7 @@ void sv_core_stop_and_join(sv_core *core, double grace)
         core->stop_deadline = sv_now() + grace;
     }
     sv_wake_all(core);
+    pthread_cond_signal(&core->park_cv); /* a parked loop looks at once */
     pthread_mutex_unlock(&core->mu);
     if (!core->started || core->joined)
         return;

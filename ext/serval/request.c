@@ -27,7 +27,17 @@ typedef struct {
     VALUE after;        /* its rack.after_reply Array, or Qnil */
     VALUE hijack_io;    /* the socket of a full hijack (#call), or Qnil */
     int upstream;       /* the env has an X-Request-Start / X-Queue-Start header: 1, 0, or -1 (not known) */
+    int counted;        /* in core->running (thread polls, polls.c) until it ends */
 } sv_req;
+
+/* The request ended (finished, aborted, hijacked or collected). */
+static void ended(sv_req *r)
+{
+    if (r->counted) {
+        r->counted = 0;
+        sv_polls_done(r->core);
+    }
+}
 
 static void req_mark(void *p)
 {
@@ -45,6 +55,8 @@ static void req_free(void *p)
     sv_req *r = p;
     if (r->conn) /* abandoned without finish: close it */
         sv_conn_give_to_loop_dead(r->conn);
+    if (r->core)
+        ended(r);
     if (r->core)
         sv_core_unref(r->core);
     xfree(r);
@@ -68,6 +80,7 @@ VALUE sv_request_new(VALUE core_obj, sv_core *core, sv_conn *conn)
     r->conn = conn;
     r->tm_obj = r->env = r->finished = r->after = r->hijack_io = Qnil;
     r->upstream = -1;
+    r->counted = core->polls_on; /* Core#next counted it when it took it (polls.c) */
     return obj;
 }
 
@@ -411,6 +424,7 @@ static VALUE req_finish(VALUE self)
     else if (c->mode == SV_MODE_LENGTH && c->sent_body != c->expected)
         c->keep_alive = 0; /* body shorter than declared: the client sees the close */
     r->conn = NULL;
+    ended(r);
     if (pending(c) <= SV_FINISH_INLINE)
         sv_conn_response_done(c);
     else
@@ -425,6 +439,7 @@ static VALUE req_abort(VALUE self)
         sv_conn_give_to_loop_dead(r->conn);
         r->conn = NULL;
     }
+    ended(r);
     return Qnil;
 }
 
@@ -440,6 +455,7 @@ static VALUE req_hijack(VALUE self)
     int fd = c->fd;
     c->fd = -1;
     r->conn = NULL;
+    ended(r);
     sv_conn_give_to_loop_dead(c);
     return INT2NUM(fd);
 }

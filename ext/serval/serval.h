@@ -27,6 +27,8 @@
                                       * pipeline; an empty one is freed when the request ends */
 #define SV_LINGER_SECONDS 2.0        /* lingering close after an error response */
 #define SV_SCAN_INTERVAL_MS 50       /* timeout scan granularity */
+#define SV_POLL_EVERY_MS 0.1         /* thread polls: a request thread polls at least this often (polls.c) */
+#define SV_PARK_MS 2                 /* thread polls: the loop takes the epoll back after this long without a poll */
 #define SV_ACCEPT_BATCH 64           /* accepts per listener event */
 #define SV_EVICT_MIN_AGE 0.25        /* seconds: a connection this new is never evicted */
 #define SV_EVENTS 128                /* epoll events per wait */
@@ -182,6 +184,7 @@ typedef struct {
     int balance_close;           /* ... and end a keep-alive connection whose response starts while
                                   * no thread is free (gvl_balance) */
     double max_queue_time;       /* load shedding budget in seconds (shed.h); 0: off */
+    int thread_polls;            /* asked for: request threads poll while the loop parks (polls.c) */
     char tmpdir[1024];
 } sv_options;
 
@@ -192,6 +195,19 @@ struct sv_core {
     int wake_kind;               /* epoll tag for wakefd (SV_KIND_WAKE) */
     pthread_t thread;
     int started;
+    /* Thread polls (polls.c): who runs a round of events is whoever holds
+     * poll_mu. The loop thread holds it, except while it is parked (duty):
+     * then request threads poll in Core#next between requests, so that an
+     * arrival while they run wakes no thread. */
+    pthread_mutex_t poll_mu;
+    pthread_cond_t park_cv;      /* the parked loop thread waits here (with core->mu) */
+    _Atomic int duty;            /* written under core->mu */
+    _Atomic double last_poll;    /* monotonic: the last round a request thread ran */
+    _Atomic double last_take;    /* monotonic: the last request Core#next returned */
+    _Atomic int running;         /* requests taken and not yet finished */
+    _Atomic int unstarted;       /* of those, taken by a sleeping thread that waits for the GVL with it */
+    int polls_on;                /* thread polls in effect (sv_polls_start: asked for, and possible) */
+    _Atomic unsigned long polled_rounds; /* rounds run by request threads */
     int joined;
 
     sv_listener listeners[SV_MAX_LISTENERS];
@@ -276,6 +292,16 @@ void sv_wake_all(sv_core *core);
 /* A request joined the queue: wake the most recent sleeping thread not woken yet. */
 void sv_wake_dispatched(sv_core *core);
 
+/* polls.c: request threads poll while the loop parks */
+void sv_polls_start(sv_core *core);          /* Core#start: decides core->thread_polls, installs the hook */
+void sv_polls_took(sv_core *core);           /* Core#next took a request (core->mu held, polls on): core->running */
+void sv_polls_done(sv_core *core);           /* that request ended (finish, abort, hijack, GC) */
+/* Core#next, GVL held: runs a round of the loop's events when the loop is
+ * parked and the queue is empty or the last round SV_POLL_EVERY_MS old; 1 if it ran one */
+int sv_polls_poll(sv_core *core, int queue_empty);
+/* Core#next, GVL held: whether this thread should leave the queue to another that has a request it can run */
+int sv_polls_yield(sv_core *core);
+
 /* buffer.c too: the monotonic clock in seconds */
 double sv_now(void);
 
@@ -285,6 +311,9 @@ int sv_core_start(sv_core *core);
 void sv_core_wake(sv_core *core);
 void sv_core_stop_and_join(sv_core *core, double grace);
 void sv_core_destroy(sv_core *core);
+/* A request thread holding poll_mu while the loop is parked: one round of
+ * the events ready now. Returns how many. */
+int sv_loop_poll(sv_core *core);
 /* Loop thread only: parse what is buffered and dispatch. */
 void sv_loop_process_input(sv_conn *c);
 /* The owner (either side): wait on the loop's epoll for `events` (as the

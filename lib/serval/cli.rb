@@ -164,6 +164,8 @@ module Serval
       # two flags, not --[no-]: optparse 0.4's require_exact rejects the --no- form
       on(o, "--gvl-balance", "A GVL-bound worker leaves new and keep-alive connections to idle siblings (default)") { @dsl.gvl_balance(true) }
       on(o, "--no-gvl-balance", "Turn that off (docs/tuning.md \"Balancing workers\")") { @dsl.gvl_balance(false) }
+      on(o, "--thread-polls", "Request threads read new requests between requests, the loop parks (default; docs/DESIGN.md)") { @dsl.thread_polls(true) }
+      on(o, "--no-thread-polls", "The event-loop thread reads every request and wakes a thread for it") { @dsl.thread_polls(false) }
       on(o, "--agent-check-url URL", "Answer HAProxy agent-check on tcp://HOST:PORT (docs/deployment.md)") { |v| @dsl.agent_check_url(v) }
       o.separator "Accepted from Puma, not supported yet (warn only):"
       on(o, "--fork-worker [N]", "Refork from worker 0") { @dsl.fork_worker }

@@ -82,6 +82,7 @@ module Serval
       advice_log_interval: 60.0, # seconds between advice checks (docs/tuning.md); 0: off
       fair_timeslice: 2.0, # ms a computing request thread keeps the GVL from a waiting one (docs/tuning.md); 0: off
       gvl_balance: true, # cluster: a GVL-bound worker leaves connections to siblings (docs/tuning.md)
+      thread_polls: true, # request threads read requests between requests while the loop parks (docs/DESIGN.md)
       gvl_balance_interval: 1.0, # seconds: the load window, and the least time between two moves
       agent_check_url: nil # tcp://HOST:PORT: HAProxy agent-check on the master (docs/deployment.md)
     }.freeze
@@ -154,6 +155,7 @@ module Serval
       advice_log_interval: [:seconds, 0.0, DAY], # 0, or at least ADVICE_LOG_MIN (check_relations)
       fair_timeslice: [:timeslice, 1.0, 100.0], # milliseconds, or 0/false (off)
       gvl_balance: [:bool],
+      thread_polls: [:bool],
       gvl_balance_interval: [:seconds, 0.2, 60.0],
       agent_check_url: [:tcp_or_nil]
     }.freeze

@@ -17,7 +17,7 @@ module Serval
     CORE_KEYS = %i[max_request_line max_head max_headers max_body body_spill max_chunk_ext
                    first_data_timeout read_timeout persistent_timeout write_timeout
                    max_connections output_buffer output_budget max_spill max_keepalive_requests min_body_rate
-                   max_queue_time tmpdir balance balance_close].freeze
+                   max_queue_time tmpdir balance balance_close thread_polls].freeze
 
     attr_reader :thread_pool, :options, :core # core: the Native::Core (Cluster::Balancer switches it)
 

@@ -1,0 +1,120 @@
+/*
+ * Thread polls: request threads run the event loop's rounds themselves
+ * between requests, so that a request arriving while Ruby runs wakes no
+ * thread (docs/DESIGN.md "Thread polls", docs/performance.md).
+ *
+ * Without it every burst of arrivals wakes the loop thread, which preempts
+ * the thread that holds the GVL, reads, queues and wakes a sleeping request
+ * thread, which preempts again only to wait for the GVL: 0.4 context
+ * switches per hello request. With it:
+ *
+ *   - after a round that queued work for running threads, the loop thread
+ *     parks (loop.c park) instead of waiting on the epoll: core->duty;
+ *   - a request thread in Core#next whose queue is empty, or whose last poll
+ *     is SV_POLL_EVERY_MS old, takes poll_mu (trylock), runs one round
+ *     without waiting (sv_loop_poll) and takes the first request queued;
+ *   - a queued request wakes no sleeping thread (loop.c dispatch): one
+ *     thread takes them in turn while it can run. A second thread is woken
+ *     when the running one gives the GVL away inside a request (Ruby's
+ *     thread event hook, SUSPENDED: a database call, or a fairness switch
+ *     away from a long computation), or by the parked loop when no request
+ *     was taken for SV_PARK_MS;
+ *   - a thread that took a request while asleep (woken before the duty
+ *     began) waits for the GVL with it; the thread that has the GVL then
+ *     goes to sleep at its next Core#next (sv_polls_yield), so that request
+ *     runs instead of waiting a time slice behind the queue;
+ *   - the last thread to go to sleep ends the duty (core.c wait_nogvl), and
+ *     a parked loop that sees no poll for SV_PARK_MS takes the epoll back
+ *     and wakes threads for what is queued.
+ *
+ * It needs the thread event hook (Ruby 3.3 here: the same test as gvl.c) and
+ * is off for TLS listeners (a handshake's CPU would be spent holding the
+ * GVL), load shedding (it counts sleeping threads as takers) and cluster
+ * balancing (which counts free threads); there the loop dispatches as before.
+ */
+#include <stdatomic.h>
+#include <ruby.h>
+#include <ruby/thread.h>
+#include "serval.h"
+
+/* The core whose request this thread holds, for the hook. */
+static __thread sv_core *held_core;
+
+#ifdef HAVE_RB_INTERNAL_THREAD_SPECIFIC_GET
+/* A thread that holds a request gave the GVL away (a blocking call in the
+ * application, or a fairness switch): while requests wait, a sleeping
+ * thread is woken to take one. Runs on that thread, GVL not held. */
+static void polls_hook(rb_event_flag_t ev, const rb_internal_thread_event_data_t *d, void *data)
+{
+    (void)ev;
+    (void)d;
+    (void)data;
+    sv_core *core = held_core;
+    if (!core || !atomic_load(&core->duty) || !core->q_head)
+        return; /* q_head read unlocked: a hint, checked under the mutex */
+    pthread_mutex_lock(&core->mu);
+    if (core->q_head && core->waking < (int)core->queued)
+        sv_wake_dispatched(core);
+    pthread_mutex_unlock(&core->mu);
+}
+#endif
+
+void sv_polls_start(sv_core *core)
+{
+    core->polls_on = 0;
+#ifdef HAVE_RB_INTERNAL_THREAD_SPECIFIC_GET
+    if (!core->opt.thread_polls || core->opt.balance || core->opt.max_queue_time > 0)
+        return;
+    for (int i = 0; i < core->nlisteners; i++)
+        if (core->listeners[i].tls_ctx)
+            return;
+    static int hooked;
+    if (!hooked) {
+        hooked = 1;
+        rb_internal_thread_add_event_hook(polls_hook, RUBY_INTERNAL_THREAD_EVENT_SUSPENDED, NULL);
+    }
+    core->polls_on = 1;
+#endif
+}
+
+void sv_polls_took(sv_core *core)
+{
+    atomic_fetch_add(&core->running, 1);
+    atomic_store(&core->last_take, sv_now());
+    held_core = core;
+}
+
+void sv_polls_done(sv_core *core)
+{
+    atomic_fetch_sub(&core->running, 1);
+    if (held_core == core)
+        held_core = NULL; /* on another thread (a hijacked socket's), Core#next clears it */
+}
+
+/* With the GVL: without it a thread that waits for the GVL would overtake
+ * this one; the round is short and never waits (timeout 0). */
+int sv_polls_poll(sv_core *core, int queue_empty)
+{
+    held_core = NULL;
+    if (!core->polls_on || !atomic_load(&core->duty))
+        return 0;
+    if (!queue_empty && sv_now() - atomic_load(&core->last_poll) <= SV_POLL_EVERY_MS / 1000.0)
+        return 0;
+    if (pthread_mutex_trylock(&core->poll_mu) != 0)
+        return 0; /* the loop thread has the epoll, or another thread polls */
+    int ran = atomic_load(&core->duty);
+    if (ran) {
+        sv_loop_poll(core);
+        atomic_fetch_add(&core->polled_rounds, 1);
+    }
+    pthread_mutex_unlock(&core->poll_mu);
+    return ran;
+}
+
+int sv_polls_yield(sv_core *core)
+{
+    /* a thread woken before the duty began took a request while asleep and
+     * now waits for the GVL with it: this one sleeps, so that request runs
+     * instead of waiting a time slice behind the ones this thread would take */
+    return core->polls_on && atomic_load(&core->duty) && atomic_load(&core->unstarted) > 0;
+}
