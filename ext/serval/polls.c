@@ -36,28 +36,65 @@
 #include <ruby.h>
 #include <ruby/thread.h>
 #include "serval.h"
+#include "serval_ruby.h"
+#include <stdio.h>
+#include <stdlib.h>
+_Atomic unsigned long sv_dbg[10];
 
-/* The core whose request this thread holds, for the hook. */
+/* The core whose request this thread holds (for the hook), when it took
+ * it, and whether a fairness switch took the GVL from it mid-request. */
 static __thread sv_core *held_core;
+static __thread double held_since;
+static __thread int held_preempted;
 
 #ifdef HAVE_RB_INTERNAL_THREAD_SPECIFIC_GET
-/* A thread that holds a request gave the GVL away (a blocking call in the
- * application, or a fairness switch): while requests wait, a sleeping
- * thread is woken to take one. Runs on that thread, GVL not held. */
+/* SUSPENDED: a thread that holds a request gave the GVL away. A blocking
+ * call in the application: while requests wait, a sleeping thread is woken
+ * to take one. A fairness switch (fairness.c): the GVL goes to a thread
+ * already waiting; noted, so that when that thread reaches Core#next it
+ * leaves the queue to this one if its request is young (sv_polls_yield).
+ * RESUMED: that thread has the GVL again. Runs on the thread itself. */
 static void polls_hook(rb_event_flag_t ev, const rb_internal_thread_event_data_t *d, void *data)
 {
-    (void)ev;
     (void)d;
     (void)data;
     sv_core *core = held_core;
-    if (!core || !atomic_load(&core->duty) || !core->q_head)
+    if (!core)
+        return;
+    if (ev == RUBY_INTERNAL_THREAD_EVENT_RESUMED) {
+        if (held_preempted) {
+            held_preempted = 0;
+            atomic_fetch_sub(&core->preempted, 1);
+        }
+        return;
+    }
+    if (sv_gvl_yielding) {
+        if (!held_preempted) {
+            held_preempted = 1;
+            atomic_store(&core->preempted_since, held_since);
+            atomic_fetch_add(&core->preempted, 1);
+        }
+        if (sv_now() - held_since < SV_YOUNG_MS / 1000.0)
+            return;
+        /* a long computation: the requests that wait get their own thread
+         * to share the GVL with it, as without thread polls */
+    }
+    if (!atomic_load(&core->duty) || !core->q_head)
         return; /* q_head read unlocked: a hint, checked under the mutex */
     pthread_mutex_lock(&core->mu);
-    if (core->q_head && core->waking < (int)core->queued)
+    if (core->q_head && core->waking < (int)core->queued) {
         sv_wake_dispatched(core);
+        atomic_fetch_add(&sv_dbg[0], 1);
+    }
     pthread_mutex_unlock(&core->mu);
 }
 #endif
+__attribute__((destructor)) static void dbg_print(void)
+{
+    if (getenv("SV_STATS"))
+        fprintf(stderr, "hook_wakes %lu park_wakes %lu park_end_wakes %lu duty_starts %lu duty_end_sleep %lu park_timeouts %lu yields %lu unstarted_pops %lu retries %lu dispatch_wakes %lu\n",
+                sv_dbg[0], sv_dbg[1], sv_dbg[2], sv_dbg[3], sv_dbg[4], sv_dbg[5], sv_dbg[6], sv_dbg[7], sv_dbg[8], sv_dbg[9]);
+}
 
 void sv_polls_start(sv_core *core)
 {
@@ -71,7 +108,8 @@ void sv_polls_start(sv_core *core)
     static int hooked;
     if (!hooked) {
         hooked = 1;
-        rb_internal_thread_add_event_hook(polls_hook, RUBY_INTERNAL_THREAD_EVENT_SUSPENDED, NULL);
+        rb_internal_thread_add_event_hook(polls_hook,
+                                          RUBY_INTERNAL_THREAD_EVENT_SUSPENDED | RUBY_INTERNAL_THREAD_EVENT_RESUMED, NULL);
     }
     core->polls_on = 1;
 #endif
@@ -80,22 +118,33 @@ void sv_polls_start(sv_core *core)
 void sv_polls_took(sv_core *core)
 {
     atomic_fetch_add(&core->running, 1);
-    atomic_store(&core->last_take, sv_now());
+    double now = sv_now();
+    atomic_store(&core->last_take, now);
+    held_since = now;
     held_core = core;
+}
+
+/* This thread no longer holds a request of held_core. */
+static void release_held(void)
+{
+    if (held_core && held_preempted)
+        atomic_fetch_sub(&held_core->preempted, 1);
+    held_preempted = 0;
+    held_core = NULL;
 }
 
 void sv_polls_done(sv_core *core)
 {
     atomic_fetch_sub(&core->running, 1);
     if (held_core == core)
-        held_core = NULL; /* on another thread (a hijacked socket's), Core#next clears it */
+        release_held(); /* on another thread (a hijacked socket's), Core#next clears it */
 }
 
 /* With the GVL: without it a thread that waits for the GVL would overtake
  * this one; the round is short and never waits (timeout 0). */
 int sv_polls_poll(sv_core *core, int queue_empty)
 {
-    held_core = NULL;
+    release_held();
     if (!core->polls_on || !atomic_load(&core->duty))
         return 0;
     if (!queue_empty && sv_now() - atomic_load(&core->last_poll) <= SV_POLL_EVERY_MS / 1000.0)
@@ -116,5 +165,11 @@ int sv_polls_yield(sv_core *core)
     /* a thread woken before the duty began took a request while asleep and
      * now waits for the GVL with it: this one sleeps, so that request runs
      * instead of waiting a time slice behind the ones this thread would take */
-    return core->polls_on && atomic_load(&core->duty) && atomic_load(&core->unstarted) > 0;
+    if (!core->polls_on || !atomic_load(&core->duty))
+        return 0;
+    int y = atomic_load(&core->unstarted) > 0 ||
+            (atomic_load(&core->preempted) > 0 &&
+             sv_now() - atomic_load(&core->preempted_since) < SV_YOUNG_MS / 1000.0);
+    if (y) atomic_fetch_add(&sv_dbg[6], 1);
+    return y;
 }

@@ -28,6 +28,7 @@
 #define SV_LINGER_SECONDS 2.0        /* lingering close after an error response */
 #define SV_SCAN_INTERVAL_MS 50       /* timeout scan granularity */
 #define SV_POLL_EVERY_MS 0.1         /* thread polls: a request thread polls at least this often (polls.c) */
+#define SV_YOUNG_MS 1                /* thread polls: a preempted request this young goes before the queue */
 #define SV_PARK_MS 2                 /* thread polls: the loop takes the epoll back after this long without a poll */
 #define SV_ACCEPT_BATCH 64           /* accepts per listener event */
 #define SV_EVICT_MIN_AGE 0.25        /* seconds: a connection this new is never evicted */
@@ -206,6 +207,8 @@ struct sv_core {
     _Atomic double last_take;    /* monotonic: the last request Core#next returned */
     _Atomic int running;         /* requests taken and not yet finished */
     _Atomic int unstarted;       /* of those, taken by a sleeping thread that waits for the GVL with it */
+    _Atomic int preempted;       /* of those, the ones a fairness switch took the GVL from */
+    _Atomic double preempted_since; /* when the last of those was taken */
     int polls_on;                /* thread polls in effect (sv_polls_start: asked for, and possible) */
     _Atomic unsigned long polled_rounds; /* rounds run by request threads */
     int joined;
@@ -292,6 +295,7 @@ void sv_wake_all(sv_core *core);
 /* A request joined the queue: wake the most recent sleeping thread not woken yet. */
 void sv_wake_dispatched(sv_core *core);
 
+extern _Atomic unsigned long sv_dbg[10];
 /* polls.c: request threads poll while the loop parks */
 void sv_polls_start(sv_core *core);          /* Core#start: decides core->thread_polls, installs the hook */
 void sv_polls_took(sv_core *core);           /* Core#next took a request (core->mu held, polls on): core->running */
