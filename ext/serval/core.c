@@ -314,7 +314,7 @@ static void *wait_nogvl(void *p)
         sv_core_wake(core);
     }
     a->waiter = &w;
-    if (atomic_load(&core->duty) && !core->q_head && atomic_load(&core->running) <= 0) {
+    if (atomic_load(&core->duty) && !core->q_head && !a->yielding) {
         atomic_store(&core->duty, 0); /* thread polls: the last to sleep gives the loop its epoll back */
         atomic_fetch_add(&sv_dbg[4], 1);
         pthread_cond_signal(&core->park_cv);
