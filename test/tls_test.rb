@@ -71,7 +71,7 @@ class TLSTest < Minitest::Test
     server = Serval::Server.new(Rack::Lint.new(app), options, log_writer: log)
     server.listen(listener.io, listener.tls)
     server.run
-    yield listener.io.local_address.ip_port, listener
+    yield listener.io.local_address.ip_port, listener, server
   ensure
     server&.stop(5)
     binder&.close
@@ -98,6 +98,15 @@ class TLSTest < Minitest::Test
     ssl.sync_close = true
     ssl.connect
     ssl
+  end
+
+  # Thread polls (ext/serval/polls.c) stay off with a TLS listener: a
+  # handshake's CPU would be spent by a request thread holding the GVL.
+  def test_thread_polls_are_off_with_a_tls_listener
+    with_tls_server do |port, _listener, server|
+      assert_equal "200", http(port).get("/").code
+      refute server.core.stats[:thread_polls]
+    end
   end
 
   def test_get_post_and_env_over_tls

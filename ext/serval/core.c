@@ -315,8 +315,7 @@ static void *wait_nogvl(void *p)
     }
     a->waiter = &w;
     if (atomic_load(&core->duty) && !core->q_head && !a->yielding) {
-        atomic_store(&core->duty, 0); /* thread polls: the last to sleep gives the loop its epoll back */
-        atomic_fetch_add(&sv_dbg[4], 1);
+        atomic_store(&core->duty, 0); /* thread polls: a thread with nothing to do gives the loop its epoll back */
         pthread_cond_signal(&core->park_cv);
     }
     while ((!core->q_head || (a->yielding && !w.woken)) && !a->interrupted && !nothing_more(core)) {
@@ -335,9 +334,9 @@ static void *wait_nogvl(void *p)
         core->waking--;
     core->waiting--;
     if (atomic_load(&core->duty) && core->q_head && !nothing_more(core))
-        { a->retry = 1; atomic_fetch_add(&sv_dbg[8], 1); } /* take it with the GVL (core_next): not hold it while others run */
+        a->retry = 1; /* take it with the GVL (core_next): not hold it while others run */
     else if ((a->got = pop_locked(core)) && core->polls_on)
-        { atomic_fetch_add(&core->unstarted, 1); atomic_fetch_add(&sv_dbg[7], 1); } /* until this thread has the GVL (polls.c) */
+        atomic_fetch_add(&core->unstarted, 1); /* until this thread has the GVL (polls.c) */
     pthread_mutex_unlock(&core->mu);
     pthread_cond_destroy(&w.cv);
     return NULL;

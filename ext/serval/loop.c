@@ -408,10 +408,8 @@ static void dispatch(sv_conn *c)
     int none_partial = was_partial && atomic_fetch_sub(&core->partial, 1) == 1;
     if (none_partial && core->draining)
         sv_wake_all(core); /* one takes the request, the others may leave */
-    else if (!atomic_load(&core->duty)) {
+    else if (!atomic_load(&core->duty))
         sv_wake_dispatched(core); /* one sleeping thread, if any (wake.c) */
-        atomic_fetch_add(&sv_dbg[9], 1);
-    }
     /* thread polls (polls.c): the running threads take it; one sleeping is
      * woken when they block, or by the parked loop */
     pthread_mutex_unlock(&core->mu);
@@ -896,7 +894,6 @@ static int threads_will_poll(sv_core *core)
     if (go) {
         atomic_store(&core->last_poll, now);
         atomic_store(&core->duty, 1);
-        atomic_fetch_add(&sv_dbg[3], 1);
     }
     pthread_mutex_unlock(&core->mu);
     return go;
@@ -912,24 +909,18 @@ static void park(sv_core *core)
     pthread_mutex_lock(&core->mu);
     while (atomic_load(&core->duty) && !core->stopping && !core->draining) {
         double now = sv_now(), until = atomic_load(&core->last_poll) + SV_PARK_MS / 1000.0;
-        if (now >= until) {
-            atomic_fetch_add(&sv_dbg[5], 1);
+        if (now >= until)
             break;
-        }
-        if (core->q_head && now - atomic_load(&core->last_take) > SV_PARK_MS / 1000.0) {
+        if (core->q_head && now - atomic_load(&core->last_take) > SV_PARK_MS / 1000.0)
             sv_wake_dispatched(core);
-            atomic_fetch_add(&sv_dbg[1], 1);
-        }
         struct timespec ts;
         ts.tv_sec = (time_t)until;
         ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
         pthread_cond_timedwait(&core->park_cv, &core->mu, &ts);
     }
     atomic_store(&core->duty, 0);
-    for (size_t i = 0; i < core->queued; i++) {
+    for (size_t i = 0; i < core->queued; i++)
         sv_wake_dispatched(core); /* stops at the first with no sleeping thread left */
-        atomic_fetch_add(&sv_dbg[2], 1);
-    }
     pthread_mutex_unlock(&core->mu);
 }
 

@@ -19,13 +19,16 @@
  *     thread event hook, SUSPENDED: a database call, or a fairness switch
  *     away from a long computation), or by the parked loop when no request
  *     was taken for SV_PARK_MS;
- *   - a thread that took a request while asleep (woken before the duty
- *     began) waits for the GVL with it; the thread that has the GVL then
- *     goes to sleep at its next Core#next (sv_polls_yield), so that request
- *     runs instead of waiting a time slice behind the queue;
- *   - the last thread to go to sleep ends the duty (core.c wait_nogvl), and
- *     a parked loop that sees no poll for SV_PARK_MS takes the epoll back
- *     and wakes threads for what is queued.
+ *   - a thread that holds a request and waits for the GVL goes first: one
+ *     that took it while asleep (woken before the duty began), or one whose
+ *     young request (under SV_YOUNG_MS) a fairness switch interrupted (the
+ *     thread had held the GVL for a slice of back-to-back requests). The
+ *     thread that has the GVL goes to sleep at its next Core#next
+ *     (sv_polls_yield) instead of taking the queue for a whole slice;
+ *   - a thread that goes to sleep with nothing to do ends the duty (core.c
+ *     wait_nogvl): the loop waits on the epoll again, so that arrivals are
+ *     read while the remaining threads compute. A parked loop that sees no
+ *     poll for SV_PARK_MS does the same and wakes threads for what waits.
  *
  * It needs the thread event hook (Ruby 3.3 here: the same test as gvl.c) and
  * is off for TLS listeners (a handshake's CPU would be spent holding the
@@ -37,9 +40,6 @@
 #include <ruby/thread.h>
 #include "serval.h"
 #include "serval_ruby.h"
-#include <stdio.h>
-#include <stdlib.h>
-_Atomic unsigned long sv_dbg[10];
 
 /* The core whose request this thread holds (for the hook), when it took
  * it, and whether a fairness switch took the GVL from it mid-request. */
@@ -82,19 +82,11 @@ static void polls_hook(rb_event_flag_t ev, const rb_internal_thread_event_data_t
     if (!atomic_load(&core->duty) || !core->q_head)
         return; /* q_head read unlocked: a hint, checked under the mutex */
     pthread_mutex_lock(&core->mu);
-    if (core->q_head && core->waking < (int)core->queued) {
+    if (core->q_head && core->waking < (int)core->queued)
         sv_wake_dispatched(core);
-        atomic_fetch_add(&sv_dbg[0], 1);
-    }
     pthread_mutex_unlock(&core->mu);
 }
 #endif
-__attribute__((destructor)) static void dbg_print(void)
-{
-    if (getenv("SV_STATS"))
-        fprintf(stderr, "hook_wakes %lu park_wakes %lu park_end_wakes %lu duty_starts %lu duty_end_sleep %lu park_timeouts %lu yields %lu unstarted_pops %lu retries %lu dispatch_wakes %lu\n",
-                sv_dbg[0], sv_dbg[1], sv_dbg[2], sv_dbg[3], sv_dbg[4], sv_dbg[5], sv_dbg[6], sv_dbg[7], sv_dbg[8], sv_dbg[9]);
-}
 
 void sv_polls_start(sv_core *core)
 {
@@ -162,14 +154,10 @@ int sv_polls_poll(sv_core *core, int queue_empty)
 
 int sv_polls_yield(sv_core *core)
 {
-    /* a thread woken before the duty began took a request while asleep and
-     * now waits for the GVL with it: this one sleeps, so that request runs
-     * instead of waiting a time slice behind the ones this thread would take */
+    release_held(); /* this thread's request has ended */
     if (!core->polls_on || !atomic_load(&core->duty))
         return 0;
-    int y = atomic_load(&core->unstarted) > 0 ||
-            (atomic_load(&core->preempted) > 0 &&
-             sv_now() - atomic_load(&core->preempted_since) < SV_YOUNG_MS / 1000.0);
-    if (y) atomic_fetch_add(&sv_dbg[6], 1);
-    return y;
+    return atomic_load(&core->unstarted) > 0 ||
+           (atomic_load(&core->preempted) > 0 &&
+            sv_now() - atomic_load(&core->preempted_since) < SV_YOUNG_MS / 1000.0);
 }

@@ -295,7 +295,6 @@ void sv_wake_all(sv_core *core);
 /* A request joined the queue: wake the most recent sleeping thread not woken yet. */
 void sv_wake_dispatched(sv_core *core);
 
-extern _Atomic unsigned long sv_dbg[10];
 /* polls.c: request threads poll while the loop parks */
 void sv_polls_start(sv_core *core);          /* Core#start: decides core->thread_polls, installs the hook */
 void sv_polls_took(sv_core *core);           /* Core#next took a request (core->mu held, polls on): core->running */
@@ -303,7 +302,8 @@ void sv_polls_done(sv_core *core);           /* that request ended (finish, abor
 /* Core#next, GVL held: runs a round of the loop's events when the loop is
  * parked and the queue is empty or the last round SV_POLL_EVERY_MS old; 1 if it ran one */
 int sv_polls_poll(sv_core *core, int queue_empty);
-/* Core#next, GVL held: whether this thread should leave the queue to another that has a request it can run */
+/* Core#next, GVL held: whether this thread should sleep and leave the queue to a thread that
+ * waits for the GVL with a request it took while asleep, or a young one a fairness switch interrupted */
 int sv_polls_yield(sv_core *core);
 
 /* buffer.c too: the monotonic clock in seconds */
