@@ -50,7 +50,8 @@ static __thread int held_preempted;
 #ifdef HAVE_RB_INTERNAL_THREAD_SPECIFIC_GET
 /* SUSPENDED: a thread that holds a request gave the GVL away. A blocking
  * call in the application: while requests wait, a sleeping thread is woken
- * to take one. A fairness switch (fairness.c): the GVL goes to a thread
+ * to take one; with none queued the loop thread takes its epoll back, to
+ * read what arrives while this one waits. A fairness switch (fairness.c): the GVL goes to a thread
  * already waiting; noted, so that when that thread reaches Core#next it
  * leaves the queue to this one if its request is young (sv_polls_yield).
  * RESUMED: that thread has the GVL again. Runs on the thread itself. */
@@ -79,11 +80,18 @@ static void polls_hook(rb_event_flag_t ev, const rb_internal_thread_event_data_t
         /* a long computation: the requests that wait get their own thread
          * to share the GVL with it, as without thread polls */
     }
-    if (!atomic_load(&core->duty) || !core->q_head)
-        return; /* q_head read unlocked: a hint, checked under the mutex */
+    if (!atomic_load(&core->duty))
+        return;
     pthread_mutex_lock(&core->mu);
-    if (core->q_head && core->waking < (int)core->queued)
-        sv_wake_dispatched(core);
+    if (core->q_head) {
+        if (core->waking < (int)core->queued)
+            sv_wake_dispatched(core);
+    } else if (atomic_load(&core->duty)) {
+        /* nothing queued: while this thread waits, the loop thread reads
+         * what arrives (no thread would poll before this one is back) */
+        atomic_store(&core->duty, 0);
+        pthread_cond_signal(&core->park_cv);
+    }
     pthread_mutex_unlock(&core->mu);
 }
 #endif
