@@ -37,6 +37,15 @@ class ThreadPollsTest < Minitest::Test
     end
   end
 
+  def test_off_with_threads_auto_and_the_io_lane
+    [{ threads_auto: true, min_threads: 1, max_threads: 4, threads_auto_max: 4 }, { max_io_threads: 2 }].each do |opts|
+      with_server(ECHO, **opts) do |server, port|
+        assert_equal 200, Client.new(port).write(get("/")).read_response.status
+        refute server.core.stats[:thread_polls], opts.inspect
+      end
+    end
+  end
+
   def test_off_with_load_shedding
     with_server(ECHO, max_queue_time: 1.0) do |server, port|
       assert_equal 200, Client.new(port).write(get("/")).read_response.status

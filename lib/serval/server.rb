@@ -25,7 +25,7 @@ module Serval
       @app = app
       @options = options
       @log_writer = log_writer
-      @core = Native::Core.new(options.slice(*CORE_KEYS))
+      @core = Native::Core.new(core_options(options))
       @handler = RequestHandler.new(app, options, log_writer)
       @thread_pool = ThreadPool.new(@core, min: options[:min_threads], max: options[:max_threads],
                                            idle_timeout: options[:thread_idle_timeout],
@@ -137,6 +137,16 @@ module Serval
     end
 
     private
+
+    # Thread polls (ext/serval/polls.c) leave a queued request to the running
+    # thread; threads :auto and the I/O lane decide from measurements taken
+    # while the loop woke a thread for every request, so with either of them
+    # the loop keeps doing that (docs/configuration.md, thread_polls).
+    def core_options(options)
+      core = options.slice(*CORE_KEYS)
+      core[:thread_polls] = false if options[:threads_auto] || options[:max_io_threads].to_i.positive?
+      core
+    end
 
     # threads :auto (Auto::Tuner) and the I/O lane (Auto::IoLane), when
     # configured; both run beside the pool and stop before it.
