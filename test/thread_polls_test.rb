@@ -79,53 +79,43 @@ class ThreadPollsTest < Minitest::Test
     end
   end
 
-  # Two threads. /block waits for the test inside the app (Queue#pop gives
-  # the GVL away): the other thread serves the queued requests meanwhile.
-  def test_a_blocked_request_does_not_hold_up_queued_ones
+  # Two threads. /slow runs `hold` (told when it started) until `let_go` is
+  # called; meanwhile five requests on new connections must be answered by
+  # the other thread.
+  def assert_served_beside(hold, let_go)
     started = Queue.new
-    release = Queue.new
     app = lambda do |env|
-      if env["PATH_INFO"] == "/block"
+      if env["PATH_INFO"] == "/slow"
         started << true
-        release.pop
+        hold.call
       end
       ECHO.call(env)
     end
     with_server(app, min_threads: 2, max_threads: 2) do |_server, port|
-      blocked = Client.new(port).write(get("/block"))
+      slow = Client.new(port).write(get("/slow"))
       started.pop
       5.times do |i|
-        r = Client.new(port).write(get("/fast#{i}")).read_response
-        assert_equal "/fast#{i}", r.body
+        assert_equal "/fast#{i}", Client.new(port).write(get("/fast#{i}")).read_response(timeout: 20).body
       end
-      release << true
-      assert_equal "/block", blocked.read_response.body
+      let_go.call
+      assert_equal "/slow", slow.read_response(timeout: 20).body
     end
   end
 
-  # Two threads. /spin computes (holds the GVL, never blocks) until the test
-  # has its answers to /fast: those must be served beside it (the fairness
-  # slice hands the GVL over; the queued requests get the other thread).
+  # /slow waits inside the app (Queue#pop gives the GVL away).
+  def test_a_blocked_request_does_not_hold_up_queued_ones
+    release = Queue.new
+    assert_served_beside(-> { release.pop }, -> { release << true })
+  end
+
+  # /slow computes (holds the GVL, never blocks): the fairness slice hands
+  # the GVL over, and the queued requests get the other thread.
   def test_a_computing_request_does_not_starve_queued_ones
-    started = Queue.new
     done = [false]
-    app = lambda do |env|
-      if env["PATH_INFO"] == "/spin"
-        started << true
-        x = 0
-        x += 1 until done[0]
-      end
-      ECHO.call(env)
+    spin = lambda do
+      x = 0
+      x += 1 until done[0]
     end
-    with_server(app, min_threads: 2, max_threads: 2) do |_server, port|
-      spinning = Client.new(port).write(get("/spin"))
-      started.pop
-      5.times do |i|
-        r = Client.new(port).write(get("/fast#{i}")).read_response(timeout: 20)
-        assert_equal "/fast#{i}", r.body
-      end
-      done[0] = true
-      assert_equal "/spin", spinning.read_response(timeout: 20).body
-    end
+    assert_served_beside(spin, -> { done[0] = true })
   end
 end
