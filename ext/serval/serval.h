@@ -6,6 +6,9 @@
  * is the only one that touches it; ownership moves through the ready queue
  * (loop -> Ruby) and through an atomic store followed by an epoll re-arm or the
  * return list (Ruby -> loop). The loop thread never touches a Ruby object.
+ * "The loop" is whoever holds core->poll_mu: the loop thread, or a request
+ * thread running a round while the loop thread is parked (polls.c); the
+ * round is the same C code and touches no Ruby object either.
  */
 #ifndef SERVAL_H
 #define SERVAL_H
