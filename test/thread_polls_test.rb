@@ -79,6 +79,43 @@ class ThreadPollsTest < Minitest::Test
     end
   end
 
+  # While request threads poll the loop thread stays parked, but its timeout
+  # scan still runs (loop.c park returns for it): a head that stops halfway
+  # gets its 408 after read_timeout while eight clients keep the threads
+  # busy. (Here the duty also ends whenever the threads run dry; the scan
+  # must not depend on that.)
+  def test_timeouts_are_enforced_while_threads_poll
+    with_server(ECHO, read_timeout: 0.3, min_threads: 4, max_threads: 4) do |server, port|
+      stop = [false]
+      load = Array.new(8) do |c|
+        Thread.new do
+          client = Client.new(port)
+          n = 0
+          until stop[0]
+            r = client.write(get("/c#{c}/#{n}")).read_response
+            raise "wrong answer #{r.body.inspect}" unless r.body == "/c#{c}/#{n}"
+
+            n += 1
+            next unless r["connection"] == "close" # max_keepalive_requests
+
+            client.close
+            client = Client.new(port)
+          end
+          client.close
+          n
+        end
+      end
+      Thread.pass until server.core.stats[:requests] > 200 || load.none?(&:alive?)
+      partial = Client.new(port).write("GET /partial HTTP/1.1\r\nHost: ex")
+      response = partial.read_response(timeout: 10)
+      busy = load.all?(&:alive?)
+      stop[0] = true
+      assert_operator load.sum(&:value), :>, 200
+      assert_equal 408, response.status
+      assert busy, "the 408 came only after the load stopped"
+    end
+  end
+
   # Two threads. /slow runs `hold` (told when it started) until `let_go` is
   # called; meanwhile five requests on new connections must be answered by
   # the other thread.

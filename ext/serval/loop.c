@@ -899,23 +899,31 @@ static int threads_will_poll(sv_core *core)
     return go;
 }
 
-/* Parked (poll_mu released): until the last request thread goes to sleep
- * and ends the duty (core.c wait_nogvl), or no thread has polled for
- * SV_PARK_MS; a request queued that long with nobody taking one gets a
- * sleeping thread. Leaving, the loop takes the epoll back and wakes threads
- * for what is queued (dispatch woke none). */
+/* Parked (poll_mu released): until a request thread going to sleep ends
+ * the duty (core.c wait_nogvl), the timeout scan is due (the loop runs
+ * housekeeping and parks again), or no thread has polled for SV_PARK_MS; a
+ * request queued that long with nobody taking one gets a sleeping thread.
+ * Ending the duty, the loop takes the epoll back and wakes threads for what
+ * is queued (dispatch woke none). */
 static void park(sv_core *core)
 {
     pthread_mutex_lock(&core->mu);
     while (atomic_load(&core->duty) && !core->stopping && !core->draining) {
         double now = sv_now(), until = atomic_load(&core->last_poll) + SV_PARK_MS / 1000.0;
-        if (now >= until)
+        if (now >= until) {
+            atomic_store(&core->duty, 0);
             break;
+        }
+        if (now >= core->next_scan) { /* read by this thread only (housekeeping writes it) */
+            pthread_mutex_unlock(&core->mu);
+            return; /* still parked: housekeeping, then park again */
+        }
         if (core->q_head && now - atomic_load(&core->last_take) > SV_PARK_MS / 1000.0)
             sv_wake_dispatched(core);
+        double wake = until < core->next_scan ? until : core->next_scan;
         struct timespec ts;
-        ts.tv_sec = (time_t)until;
-        ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+        ts.tv_sec = (time_t)wake;
+        ts.tv_nsec = (long)((wake - (double)ts.tv_sec) * 1e9);
         pthread_cond_timedwait(&core->park_cv, &core->mu, &ts);
     }
     atomic_store(&core->duty, 0);
@@ -932,16 +940,17 @@ static void *loop_main(void *arg)
     listeners_register(core, 1);
     core->next_scan = sv_now() + SV_SCAN_INTERVAL_MS / 1000.0;
     for (;;) {
-        int n = epoll_wait(core->epfd, events, SV_EVENTS, SV_SCAN_INTERVAL_MS);
-        handle_events(core, events, n);
+        if (!atomic_load(&core->duty)) {
+            int n = epoll_wait(core->epfd, events, SV_EVENTS, SV_SCAN_INTERVAL_MS);
+            handle_events(core, events, n);
+        }
         housekeeping(core);
         if (loop_should_exit(core, sv_now()))
             break;
-        if (threads_will_poll(core)) {
+        if (atomic_load(&core->duty) || threads_will_poll(core)) {
             pthread_mutex_unlock(&core->poll_mu);
             park(core);
             pthread_mutex_lock(&core->poll_mu);
-            housekeeping(core);
         }
     }
     /* close what the loop owns; Ruby-owned connections stay until their Request ends */
