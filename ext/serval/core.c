@@ -314,10 +314,8 @@ static void *wait_nogvl(void *p)
         sv_core_wake(core);
     }
     a->waiter = &w;
-    if (atomic_load(&core->duty) && !core->q_head && !a->yielding) {
-        atomic_store(&core->duty, 0); /* thread polls: a thread with nothing to do gives the loop its epoll back */
-        pthread_cond_signal(&core->park_cv);
-    }
+    if (!core->q_head && !a->yielding)
+        sv_polls_hand_back_locked(core); /* thread polls: nothing to do, the loop reads again */
     while ((!core->q_head || (a->yielding && !w.woken)) && !a->interrupted && !nothing_more(core)) {
         if (w.woken) { /* woken, but a thread in the fast path took the request */
             w.woken = 0;
@@ -378,9 +376,9 @@ static VALUE core_next(VALUE self, VALUE timeout)
     a.yielding = sv_polls_yield(core);
     for (;;) {
         if (!a.yielding) {
-            sv_polls_poll(core, !core->q_head); /* q_head read unlocked: a hint */
+            int polled = sv_polls_poll(core, !core->q_head); /* q_head read unlocked: a hint */
             a.got = pop(core); /* fast path: keep the GVL when work is waiting */
-            if (!a.got && sv_polls_poll(core, 1))
+            if (!a.got && !polled && sv_polls_poll(core, 1))
                 a.got = pop(core);
             if (a.got)
                 break;

@@ -86,11 +86,10 @@ static void polls_hook(rb_event_flag_t ev, const rb_internal_thread_event_data_t
     if (core->q_head) {
         if (core->waking < (int)core->queued)
             sv_wake_dispatched(core);
-    } else if (atomic_load(&core->duty)) {
+    } else {
         /* nothing queued: while this thread waits, the loop thread reads
          * what arrives (no thread would poll before this one is back) */
-        atomic_store(&core->duty, 0);
-        pthread_cond_signal(&core->park_cv);
+        sv_polls_hand_back_locked(core);
     }
     pthread_mutex_unlock(&core->mu);
 }
@@ -113,6 +112,14 @@ void sv_polls_start(sv_core *core)
     }
     core->polls_on = 1;
 #endif
+}
+
+void sv_polls_hand_back_locked(sv_core *core)
+{
+    if (!atomic_load(&core->duty))
+        return;
+    atomic_store(&core->duty, 0);
+    pthread_cond_signal(&core->park_cv); /* the parked loop thread waits on the epoll again */
 }
 
 void sv_polls_took(sv_core *core)
@@ -144,7 +151,6 @@ void sv_polls_done(sv_core *core)
  * this one; the round is short and never waits (timeout 0). */
 int sv_polls_poll(sv_core *core, int queue_empty)
 {
-    release_held();
     if (!core->polls_on || !atomic_load(&core->duty))
         return 0;
     if (!queue_empty && sv_now() - atomic_load(&core->last_poll) <= SV_POLL_EVERY_MS / 1000.0)

@@ -55,10 +55,10 @@ static void req_free(void *p)
     sv_req *r = p;
     if (r->conn) /* abandoned without finish: close it */
         sv_conn_give_to_loop_dead(r->conn);
-    if (r->core)
+    if (r->core) {
         ended(r);
-    if (r->core)
         sv_core_unref(r->core);
+    }
     xfree(r);
 }
 

@@ -300,6 +300,8 @@ void sv_wake_dispatched(sv_core *core);
 
 /* polls.c: request threads poll while the loop parks */
 void sv_polls_start(sv_core *core);          /* Core#start: decides core->thread_polls, installs the hook */
+/* core->mu held: the loop thread takes its epoll back (ends the duty, unparks it) */
+void sv_polls_hand_back_locked(sv_core *core);
 void sv_polls_took(sv_core *core);           /* Core#next took a request (core->mu held, polls on): core->running */
 void sv_polls_done(sv_core *core);           /* that request ended (finish, abort, hijack, GC) */
 /* Core#next, GVL held: runs a round of the loop's events when the loop is
