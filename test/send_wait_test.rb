@@ -85,8 +85,12 @@ class SendWaitTest < Minitest::Test
 
   def figures(port) = get(port, "/figures").body.split.map(&:to_f)
 
+  # The loop's dispatch (--no-thread-polls): four threads contend for the GVL
+  # around their sends, the case measured here. Thread polls leave queued
+  # requests to the running thread, so such waits get rare (this test failed
+  # 1 run in 8 with it, 0 in 10 without; docs/tuning.md "Limits").
   def test_a_preempted_send_keeps_its_wait_in_the_io
-    server = spawn_server(command: pinned_serval("-t", "4", "config.ru"), files: { "config.ru" => APP },
+    server = spawn_server(command: pinned_serval("-t", "4", "--no-thread-polls", "config.ru"), files: { "config.ru" => APP },
                           env: { "SEND_WAIT_PEER" => File.join(@dir, "peer.sock") })
     server.start
     port = server.wait_for(/Listening on http:\/\/[^:]+:(\d+)/)[1].to_i
