@@ -227,6 +227,60 @@ class RackEnvTest < Minitest::Test
     end
   end
 
+  # REMOTE_ADDR, SERVER_NAME, SERVER_PORT, HTTP_HOST and an empty
+  # QUERY_STRING repeat request after request: frozen Strings shared between
+  # requests (ext/serval/strcache.c), so no request can change another's.
+  # Everything an app may rewrite in place (PATH_INFO, a query, other
+  # headers) is a fresh String of its own, every time.
+  def test_repeated_values_are_shared_frozen_and_the_rest_fresh
+    with_env_capture do |port, envs|
+      client = connect(port)
+      2.times do
+        client.write("GET /same HTTP/1.1\r\nHost: shared.example:8080\r\nX-Own: v\r\n\r\n")
+        assert_equal 200, client.read_response.status
+      end
+      client.write("GET /same?q=1 HTTP/1.1\r\nHost: shared.example:8080\r\n\r\n")
+      assert_equal 200, client.read_response.status
+      first, = envs.pop
+      second, = envs.pop
+      third, = envs.pop
+      %w[REMOTE_ADDR SERVER_NAME SERVER_PORT HTTP_HOST QUERY_STRING].each do |key|
+        assert first[key].frozen?, "#{key} frozen"
+        assert_same first[key], second[key], key
+      end
+      assert_equal ["shared.example", "8080", "shared.example:8080", ""],
+                   first.values_at("SERVER_NAME", "SERVER_PORT", "HTTP_HOST", "QUERY_STRING")
+      %w[PATH_INFO REQUEST_URI HTTP_X_OWN].each do |key|
+        refute first[key].frozen?, "#{key} unfrozen"
+        refute_same first[key], second[key], key
+      end
+      refute_same first["PATH_INFO"], first["REQUEST_URI"]
+      refute third["QUERY_STRING"].frozen?
+      assert_equal "q=1", third["QUERY_STRING"]
+      [first, third].each { |env| assert_equal Encoding::BINARY, env["SERVER_NAME"].encoding }
+    end
+  end
+
+  # The table of shared values holds a bounded number of short Strings: many
+  # different hosts (colliding entries replace each other) and a host longer
+  # than the table keeps each get their own, right values.
+  def test_many_and_long_hosts_get_their_own_values
+    with_env_capture do |port, envs|
+      client = connect(port)
+      hosts = (1..300).map { |i| "h#{i}.example:#{1000 + i}" } << "#{'l' * 200}.example:9"
+      hosts.each do |host|
+        client.write("GET / HTTP/1.1\r\nHost: #{host}\r\n\r\n")
+        assert_equal 200, client.read_response.status
+      end
+      hosts.each do |host|
+        env, = envs.pop
+        name, port_s = host.split(":")
+        assert_equal [host, name, port_s], env.values_at("HTTP_HOST", "SERVER_NAME", "SERVER_PORT")
+        assert env["HTTP_HOST"].frozen?
+      end
+    end
+  end
+
   def test_rack_errors_and_input_behave_like_the_spec_says
     seen = Queue.new
     app = lambda do |env|

@@ -174,10 +174,10 @@ int sv_conn_flush(sv_conn *c)
 }
 
 /* The next step: its state, its deadline, the events to wait for. */
-static sv_next wait_for(sv_conn *c, int state, double timeout, uint32_t want, uint32_t *events)
+static sv_next wait_for(sv_conn *c, int state, double deadline, uint32_t want, uint32_t *events)
 {
     c->state = state;
-    c->deadline = sv_now() + timeout;
+    c->deadline = deadline;
     *events = want;
     return SV_NEXT_WAIT;
 }
@@ -189,7 +189,7 @@ sv_next sv_conn_after_flush(sv_conn *c, int r, uint32_t *events)
     if (r < 0)
         return SV_NEXT_CLOSE;
     if (r == 0) /* the socket is full: the loop writes the rest when it drains */
-        return wait_for(c, SV_ST_WRITE, o->write_timeout, EPOLLOUT, events);
+        return wait_for(c, SV_ST_WRITE, sv_now() + o->write_timeout, EPOLLOUT, events);
     if (!c->keep_alive || c->close_after || atomic_load(&core->draining) || atomic_load(&core->stopping)) {
         if (!c->close_after && c->in.len <= c->consumed)
             return SV_NEXT_CLOSE;
@@ -197,15 +197,15 @@ sv_next sv_conn_after_flush(sv_conn *c, int r, uint32_t *events)
          * close, so the peer reads our bytes instead of a reset. */
         c->io->shutdown(c);
         c->in.len = 0;
-        return wait_for(c, SV_ST_LINGER, SV_LINGER_SECONDS, EPOLLIN, events);
+        return wait_for(c, SV_ST_LINGER, sv_now() + SV_LINGER_SECONDS, EPOLLIN, events);
     }
-    reset_request(c);
+    reset_request(c); /* sets c->since: the next request's deadline counts from it */
     if (c->in.len > 0) { /* pipelined: the next head is already here */
         c->state = SV_ST_HEAD;
-        c->deadline = sv_now() + o->read_timeout;
+        c->deadline = c->since + o->read_timeout;
         return SV_NEXT_PARSE;
     }
-    return wait_for(c, SV_ST_HEAD, o->persistent_timeout, EPOLLIN, events);
+    return wait_for(c, SV_ST_HEAD, c->since + o->persistent_timeout, EPOLLIN, events);
 }
 
 /* Ruby side: the connection is closed and goes to the loop to be freed. */

@@ -372,7 +372,7 @@ static VALUE core_next(VALUE self, VALUE timeout)
 {
     sv_core *core = sv_core_get(self);
     wait_args a = {core, 0, 0, NULL, NULL, 0, 0};
-    a.deadline = sv_now() + (NIL_P(timeout) ? 86400.0 * 365 : NUM2DBL(timeout));
+    double wait = NIL_P(timeout) ? 86400.0 * 365 : NUM2DBL(timeout);
     a.yielding = sv_polls_yield(core);
     for (;;) {
         if (!a.yielding) {
@@ -383,6 +383,8 @@ static VALUE core_next(VALUE self, VALUE timeout)
             if (a.got)
                 break;
         }
+        if (a.deadline == 0) /* the clock is read only when the thread waits */
+            a.deadline = sv_now() + wait;
         a.retry = 0;
         int state = 0;
         rb_protect(wait_protected, (VALUE)&a, &state);

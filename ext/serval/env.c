@@ -1,4 +1,5 @@
 /* Building the Rack env from a parsed request head (runs with the GVL). */
+#include <stdio.h>
 #include <string.h>
 #include <ruby.h>
 #include <ruby/encoding.h>
@@ -50,7 +51,7 @@ static const char *common_methods[] = {"GET", "POST", "HEAD", "PUT", "DELETE", "
 #define SV_METHODS 8
 static VALUE method_keys[SV_METHODS];
 
-static VALUE k_ctype, k_clen, k_cookie, k_xrs, k_xqs, k_upgrade, k_protocol, v_http10, v_http11, k_scheme, k_https,
+static VALUE k_host, v_80, v_443, k_ctype, k_clen, k_cookie, k_xrs, k_xqs, k_upgrade, k_protocol, v_http10, v_http11, k_scheme, k_https,
     v_https, v_on, re_list;
 
 /* Frequent header names map straight to their env key. */
@@ -105,6 +106,11 @@ void sv_init_env(void)
     }
     for (int i = 0; common_methods[i]; i++)
         method_keys[i] = fstr(common_methods[i]);
+    k_host = fstr("HTTP_HOST");
+    v_80 = sv_strcache_get("80", 2);
+    v_443 = sv_strcache_get("443", 3);
+    rb_gc_register_mark_object(v_80);
+    rb_gc_register_mark_object(v_443);
     k_ctype = fstr("CONTENT_TYPE");
     k_clen = fstr("CONTENT_LENGTH");
     k_cookie = fstr("HTTP_COOKIE");
@@ -204,7 +210,9 @@ static void add_header(VALUE env, st_table *tbl, const sv_request *r, const sv_h
         *upstream = 1;
     /* One hash of the key per field (a lookup and then an aset would hash it
      * twice); the key is an interned String, as Hash#[]= would store it. */
-    header_put put = {bin(h->value, h->value_len), Qundef};
+    /* Host repeats on every request of a connection: a shared frozen value
+     * (strcache.c; the parser lets one Host field through, never two) */
+    header_put put = {key == k_host ? sv_strcache_get(h->value, h->value_len) : bin(h->value, h->value_len), Qundef};
     st_update(tbl, (st_data_t)key, header_update, (st_data_t)&put);
     if (put.prev == Qundef)
         return;
@@ -222,8 +230,10 @@ static void server_name(sv_conn *c, VALUE *name, VALUE *port)
     const char *h = r->host;
     size_t n = r->host_len;
     if (!h || n == 0) {
-        *name = rb_str_new_cstr(c->listener->name);
-        *port = rb_sprintf("%d", c->listener->port);
+        char digits[16];
+        int len = snprintf(digits, sizeof(digits), "%d", c->listener->port);
+        *name = sv_strcache_get(c->listener->name, strlen(c->listener->name));
+        *port = sv_strcache_get(digits, (size_t)len);
         return;
     }
     size_t colon = n;
@@ -236,18 +246,19 @@ static void server_name(sv_conn *c, VALUE *name, VALUE *port)
         if (p)
             colon = (size_t)(p - h);
     }
-    *name = bin(h, colon);
+    *name = sv_strcache_get(h, colon);
     if (colon + 1 < n)
-        *port = bin(h + colon + 1, n - colon - 1);
+        *port = sv_strcache_get(h + colon + 1, n - colon - 1);
     else
-        *port = rb_str_new_cstr(c->tls ? "443" : "80");
+        *port = c->tls ? v_443 : v_80;
 }
 
 /* The keys every request sets. The template (lib/serval/request_handler.rb)
- * holds each of them (value nil), so its copy already has them in place:
- * one pass over the copy's table puts the values in (st_foreach_with_replace)
- * instead of one hash lookup and update per key. A key the template lacks is
- * added by rb_hash_aset afterwards, so the result never depends on it. */
+ * holds each of them (value nil) first, so its copy already has them in
+ * place: one pass over the copy's first entries puts the values in
+ * (st_foreach_with_replace), stopping once every slot is filled, instead of
+ * one hash lookup and update per key. A key the template lacks is added by
+ * rb_hash_aset afterwards, so the result never depends on it. */
 
 typedef struct {
     VALUE val[E_SLOTS];
@@ -260,6 +271,8 @@ static int fill_check(st_data_t key, st_data_t value, st_data_t arg, int error)
     env_fill *f = (env_fill *)arg;
     if (error)
         return ST_STOP;
+    if (f->filled == (1u << E_SLOTS) - 1)
+        return ST_STOP; /* every slot is in: the template's other keys keep their values */
     int i = slot_of((VALUE)key);
     if (i < 0 || (f->filled & (1u << i)))
         return ST_CONTINUE;
@@ -290,10 +303,10 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE 
      * not allocate (a GC in the middle of an st iteration) */
     f.val[E_METHOD] = method_str(r->method, r->method_len);
     f.val[E_PATH] = bin(r->path, r->path_len);
-    f.val[E_QUERY] = bin(r->query, r->query_len);
+    f.val[E_QUERY] = r->query_len ? bin(r->query, r->query_len) : sv_strcache_get("", 0);
     f.val[E_URI] = bin(r->target, r->target_len);
     f.val[E_PROTO] = r->minor_version ? v_http11 : v_http10;
-    f.val[E_REMOTE] = rb_str_new_cstr(c->remote);
+    f.val[E_REMOTE] = sv_strcache_get(c->remote, strlen(c->remote));
     server_name(c, &f.val[E_NAME], &f.val[E_PORT]);
     f.val[E_HIJACK] = hijack;
     f.val[E_FINISHED] = *finished = rb_ary_new();

@@ -754,13 +754,14 @@ int sv_gvl_counters(uint64_t out[3])
 }
 
 /* The calling thread's last (or current) request's shape, SV_SEGS at most
- * entries, [held, idle, ..., held]; 0 without the hook. */
-int sv_gvl_segments(float out[SV_SEGS])
+ * entries, [held, idle, ..., held]; 0 without the hook. now: CLOCK_MONOTONIC
+ * ns, read by the caller (one clock read serves the request's timing). */
+int sv_gvl_segments(float out[SV_SEGS], uint64_t now)
 {
 #ifdef SV_GVL_HOOK
     if (!hook)
         return 0;
-    sv_gvl_slot *s = current_slot(now_ns(CLOCK_MONOTONIC));
+    sv_gvl_slot *s = current_slot(now);
     if (!s || s->nseg == 0)
         return 0;
     int n = s->nseg;
@@ -775,15 +776,15 @@ int sv_gvl_segments(float out[SV_SEGS])
 }
 
 /* Marks the calling thread as inside (1) or outside (0) a request's measured
- * span, closing its running slice at this instant so the GVL it held so far
+ * span, closing its running slice at now (CLOCK_MONOTONIC ns, the caller's
+ * clock read) so the GVL it held so far
  * is filed on the right side; fills out with its run/idle/stall ns and idle
  * periods so far. 0 without the hook. */
-int sv_gvl_mark(int in_request, uint64_t out[4])
+int sv_gvl_mark(int in_request, uint64_t out[4], uint64_t now)
 {
 #ifdef SV_GVL_HOOK
     if (!hook)
         return 0;
-    uint64_t now = now_ns(CLOCK_MONOTONIC);
     sv_gvl_slot *s = current_slot(now);
     if (!s)
         return 0;

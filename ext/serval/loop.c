@@ -381,6 +381,15 @@ static int shed(sv_conn *c)
     return 1;
 }
 
+/* Now, for the timestamps of a round's events: the round's start while one
+ * runs (events arrive by then; a round lasts microseconds), else the clock.
+ * One clock read per round instead of two per request. */
+static double sv_loop_now(sv_core *core)
+{
+    double at = atomic_load_explicit(&core->round_at, memory_order_relaxed);
+    return at > 0 ? at : sv_now();
+}
+
 /* The request joins the ready queue. Its connection stops counting as partial
  * in the same critical section, after it is queued: a draining core's waiting
  * threads leave once nothing is partial and the queue is empty, so the two
@@ -394,7 +403,7 @@ static void dispatch(sv_conn *c)
     c->partial = 0;
     c->state = SV_ST_APP;
     c->has_request = 1;
-    c->queued_at = sv_now();
+    c->queued_at = sv_loop_now(core);
     atomic_fetch_add(&core->requests, 1);
     pthread_mutex_lock(&core->mu);
     atomic_store(&c->owner, SV_OWN_RUBY);
@@ -591,7 +600,7 @@ static void read_head(sv_conn *c)
     if (n <= 0)
         return;
     if (c->in.len == 0)
-        c->deadline = sv_now() + o->read_timeout;
+        c->deadline = sv_loop_now(c->core) + o->read_timeout;
     c->in.len += (size_t)n;
     sv_loop_process_input(c);
 }
@@ -822,8 +831,11 @@ static int loop_should_exit(sv_core *core, double now)
 }
 
 /* One batch of epoll events, by whoever holds core->poll_mu. */
-static void handle_events(sv_core *core, struct epoll_event *events, int n)
+/* Returns when the round began. */
+static double handle_events(sv_core *core, struct epoll_event *events, int n)
 {
+    double began = sv_now();
+    atomic_store_explicit(&core->round_at, began, memory_order_relaxed);
     for (int i = 0; i < n; i++) {
         int kind = *(int *)events[i].data.ptr;
         if (kind == SV_KIND_LISTENER) {
@@ -835,16 +847,17 @@ static void handle_events(sv_core *core, struct epoll_event *events, int n)
             conn_event(events[i].data.ptr, events[i].events);
         }
     }
+    atomic_store_explicit(&core->round_at, 0, memory_order_relaxed);
+    return began;
 }
 
 int sv_loop_poll(sv_core *core)
 {
     struct epoll_event events[SV_EVENTS];
     int n = epoll_wait(core->epfd, events, SV_EVENTS, 0);
-    if (n > 0)
-        handle_events(core, events, n);
+    double now = n > 0 ? handle_events(core, events, n) : sv_now();
     bury(core);
-    atomic_store(&core->last_poll, sv_now());
+    atomic_store(&core->last_poll, now);
     return n;
 }
 

@@ -39,6 +39,30 @@ static void ended(sv_req *r)
     }
 }
 
+/* Freed request structs kept for the next requests (both ends run with the
+ * GVL: sv_request_new in Core#next, req_free in the GC): a request costs no
+ * calloc (glibc's calloc takes the slow path, no thread cache). */
+#define SV_REQ_POOL 64
+static sv_req *req_pool[SV_REQ_POOL];
+static int req_pooled;
+
+static sv_req *req_get(void)
+{
+    if (req_pooled == 0)
+        return ZALLOC(sv_req);
+    sv_req *r = req_pool[--req_pooled];
+    memset(r, 0, sizeof(*r));
+    return r;
+}
+
+static void req_put(sv_req *r)
+{
+    if (req_pooled < SV_REQ_POOL)
+        req_pool[req_pooled++] = r;
+    else
+        xfree(r);
+}
+
 static void req_mark(void *p)
 {
     sv_req *r = p;
@@ -59,7 +83,7 @@ static void req_free(void *p)
         ended(r);
         sv_core_unref(r->core);
     }
-    xfree(r);
+    req_put(r);
 }
 
 /* Write-barrier protected (every VALUE field is stored with RB_OBJ_WRITE):
@@ -72,8 +96,8 @@ static const rb_data_type_t req_type = {
 
 VALUE sv_request_new(VALUE core_obj, sv_core *core, sv_conn *conn)
 {
-    sv_req *r;
-    VALUE obj = TypedData_Make_Struct(sv_cRequest, sv_req, &req_type, r);
+    sv_req *r = req_get();
+    VALUE obj = TypedData_Wrap_Struct(sv_cRequest, &req_type, r);
     RB_OBJ_WRITE(obj, &r->core_obj, core_obj);
     r->core = core;
     sv_core_ref(core);

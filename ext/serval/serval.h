@@ -207,6 +207,7 @@ struct sv_core {
     pthread_cond_t park_cv;      /* the parked loop thread waits here (with core->mu) */
     _Atomic int duty;            /* written under core->mu */
     _Atomic double last_poll;    /* monotonic: the last round a request thread ran */
+    _Atomic double round_at;     /* monotonic: when the round of events in progress began, 0 between rounds (sv_loop_now) */
     _Atomic double last_take;    /* monotonic: the last request Core#next returned */
     _Atomic int running;         /* requests taken and not yet finished */
     _Atomic int unstarted;       /* of those, taken by a sleeping thread that waits for the GVL with it */

@@ -17,6 +17,7 @@ void Init_serval_ext(void)
     rb_gc_register_mark_object(sv_eConnectionError);
     rb_gc_register_mark_object(sv_eWriteTimeout);
     rb_gc_register_mark_object(sv_eBadResponse);
+    sv_init_strcache();
     sv_init_env();
     sv_init_core(mNative);
     sv_init_balance();

@@ -15,6 +15,8 @@ void sv_init_core(VALUE mNative);
 void sv_init_balance(void);
 void sv_init_request(VALUE mNative);
 void sv_init_env(void);
+void sv_init_strcache(void);
+VALUE sv_strcache_get(const char *p, size_t n);
 void sv_init_tls(VALUE mNative);
 void *sv_tls_ctx_get(VALUE tls_context);
 VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE *after, int *upstream);
@@ -36,7 +38,7 @@ VALUE sv_timing_new(sv_tm **out);
 VALUE sv_timing_env_key(void);
 double sv_request_queued_at(VALUE req);
 int sv_gvl_counters(uint64_t out[3]);
-int sv_gvl_mark(int in_request, uint64_t out[4]);
+int sv_gvl_mark(int in_request, uint64_t out[4], uint64_t now);
 /* Set by fairness.c around the GVL release that gives a waiting thread its
  * turn: the GVL hook counts that release as stall (the thread wants the GVL
  * back at once), not as idle. Owner thread only. */
@@ -45,7 +47,7 @@ extern __thread int sv_gvl_yielding;
  * ..., cpu], at most SV_SEGS (odd) entries; spans past that fold into the
  * last two (totals kept). */
 #define SV_SEGS 17
-int sv_gvl_segments(float out[SV_SEGS]);
+int sv_gvl_segments(float out[SV_SEGS], uint64_t now);
 /* GVL slots gvl.c tracks; sv_gvl_probe reads one for ext/serval/steadiness.c. */
 #define SV_GVL_SLOTS 512
 int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu);

@@ -121,7 +121,7 @@ void sv_tm_begin(sv_tm *t, double queued_at, VALUE env, int detailed, int upstre
     double q = (double)t->start_ns / 1e9 - queued_at;
     t->queue = q < 0 ? 0 : q;
     t->upstream = NAN;
-    t->has_gvl = sv_gvl_mark(1, t->gvl0);
+    t->has_gvl = sv_gvl_mark(1, t->gvl0, t->start_ns);
     t->has_pool = sv_pool_wait_counters(t->pw0);
     /* the upstream queue histogram: two hash lookups, only when the env
      * builder saw one of the headers (or did not build this env) */
@@ -191,9 +191,9 @@ void sv_tm_end(sv_tm *t)
     if (t->finished)
         return;
     t->finished = 1;
-    if (t->has_gvl) /* first: the GVL span lies inside start_ns .. end_ns */
-        t->has_gvl = sv_gvl_mark(0, t->gvl1);
     t->end_ns = clock_ns(CLOCK_MONOTONIC);
+    if (t->has_gvl) /* at end_ns: the GVL span lies inside start_ns .. end_ns */
+        t->has_gvl = sv_gvl_mark(0, t->gvl1, t->end_ns);
     if (t->has_gc)
         t->gc1 = gc_ns();
     if (t->has_cpu)
@@ -227,7 +227,7 @@ void sv_tm_end(sv_tm *t)
         add(TM_IDLE, f[SV_WIN_IDLE]);
     }
     float segs[SV_SEGS];
-    int nseg = t->has_gvl ? sv_gvl_segments(segs) : 0;
+    int nseg = t->has_gvl ? sv_gvl_segments(segs, t->end_ns) : 0;
     sv_win_record((double)t->end_ns / 1e9, f, idle_periods, segs, nseg);
 }
 

@@ -77,7 +77,12 @@ module Serval
     private
 
     def env_template
-      env = {
+      # Every request sets these (Request#env in C): first in the template,
+      # they make its copy a table already sized for a whole env, whose
+      # values C then fills in place in one pass over the table's first
+      # entries (ext/serval/env.c) instead of a hash lookup and insert per key.
+      env = ALWAYS_SET.to_h { |key| [key, nil] }
+      env.merge!(
         "SCRIPT_NAME" => "",
         "SERVER_SOFTWARE" => "Serval/#{VERSION}",
         "rack.errors" => $stderr,
@@ -87,13 +92,8 @@ module Serval
         "rack.url_scheme" => "http",
         "rack.hijack?" => true,
         "rack.input" => EmptyInput # a request with a body sets its own
-      }
+      )
       env["rack.version"] = [1, 6] if rack2?
-      # Every request sets these (Request#env in C): present in the
-      # template, they make its copy a table already sized for a whole env,
-      # whose values C then fills in place in one pass over the table
-      # (ext/serval/env.c) instead of a hash lookup and insert per key.
-      (ALWAYS_SET - env.keys).each { |key| env[key] = nil }
       env
     end
 
