@@ -58,18 +58,18 @@ static int hex_val(unsigned char c)
 static int is_ws(unsigned char c) { return c == ' ' || c == '\t'; }
 
 /* tchar = "!" / "#" / "$" / "%" / "&" / "'" / "*" / "+" / "-" / "." /
- *         "^" / "_" / "`" / "|" / "~" / DIGIT / ALPHA          (RFC 9110 5.6.2) */
-int sv_is_tchar(unsigned char c)
-{
-    if (is_alpha(c) || is_digit(c)) return 1;
-    switch (c) {
-    case '!': case '#': case '$': case '%': case '&': case '\'': case '*':
-    case '+': case '-': case '.': case '^': case '_': case '`': case '|': case '~':
-        return 1;
-    default:
-        return 0;
-    }
-}
+ *         "^" / "_" / "`" / "|" / "~" / DIGIT / ALPHA          (RFC 9110 5.6.2)
+ * A table: every byte of a method and a field name is looked up (test/c
+ * checks it against the grammar above for all 256 bytes). */
+static const unsigned char tchar_table[256] = {
+    ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1, ['*'] = 1,
+    ['+'] = 1, ['-'] = 1, ['.'] = 1, ['^'] = 1, ['_'] = 1, ['`'] = 1, ['|'] = 1, ['~'] = 1,
+    ['0' ... '9'] = 1, ['A' ... 'Z'] = 1, ['a' ... 'z'] = 1,
+};
+
+#define TCHAR(c) (tchar_table[(unsigned char)(c)])
+
+int sv_is_tchar(unsigned char c) { return TCHAR(c); }
 
 /* field-vchar / obs-text / SP / HTAB (RFC 9110 5.5) */
 static int is_value_char(unsigned char c)
@@ -116,7 +116,7 @@ static int all_tchar(const char *p, size_t n)
 {
     if (n == 0) return 0;
     for (size_t i = 0; i < n; i++)
-        if (!sv_is_tchar((unsigned char)p[i])) return 0;
+        if (!TCHAR(p[i])) return 0;
     return 1;
 }
 
@@ -226,20 +226,22 @@ static int fail(sv_ctx *x, int status, const char *msg)
  *        -1 on a bare CR or bare LF (*eol = index of the offending byte). */
 static int find_eol(const sv_ctx *x, size_t pos, size_t *eol)
 {
-    for (size_t i = pos; i < x->len; i++) {
-        char c = x->buf[i];
-        if (c == '\n') {
-            *eol = i;
-            return -1;
-        }
-        if (c == '\r') {
-            *eol = i;
-            if (i + 1 == x->len) return 0;
-            return x->buf[i + 1] == '\n' ? 1 : -1;
-        }
+    const char *start = x->buf + pos;
+    const char *cr = memchr(start, '\r', x->len - pos);
+    size_t upto = cr ? (size_t)(cr - start) : x->len - pos;
+    const char *lf = memchr(start, '\n', upto); /* a LF before the CR (or anywhere, without one) */
+    if (lf) {
+        *eol = (size_t)(lf - x->buf);
+        return -1;
     }
-    *eol = x->len;
-    return 0;
+    if (!cr) {
+        *eol = x->len;
+        return 0;
+    }
+    size_t i = (size_t)(cr - x->buf);
+    *eol = i;
+    if (i + 1 == x->len) return 0;
+    return x->buf[i + 1] == '\n' ? 1 : -1;
 }
 
 static int bare_eol(sv_ctx *x, size_t at)
@@ -353,7 +355,7 @@ static int parse_request_line(sv_ctx *x, sv_request *r, size_t start, size_t eol
     size_t i = 0;
 
     while (i < n && line[i] != ' ') {
-        if (!sv_is_tchar((unsigned char)line[i])) return fail(x, SV_ERR_BAD_REQUEST, "invalid method");
+        if (!TCHAR(line[i])) return fail(x, SV_ERR_BAD_REQUEST, "invalid method");
         i++;
     }
     if (i == n) return fail(x, SV_ERR_BAD_REQUEST, "bad request line");
@@ -404,7 +406,7 @@ static int on_transfer_encoding(sv_ctx *x, const char *v, size_t n)
     while (next_elem(v, n, &pos, &e, &elen)) {
         if (elen == 0) return fail(x, SV_ERR_BAD_REQUEST, "empty Transfer-Encoding element");
         size_t k = 0;
-        while (k < elen && sv_is_tchar((unsigned char)e[k])) k++;
+        while (k < elen && TCHAR(e[k])) k++;
         if (k == 0) return fail(x, SV_ERR_BAD_REQUEST, "invalid Transfer-Encoding");
         int chunked = ieq(e, k, "chunked");
         if (k < elen) { /* only transfer-parameters may follow: OWS ";" ... */
@@ -475,8 +477,8 @@ static int parse_field_line(sv_ctx *x, sv_header *h, size_t start, size_t eol)
     if (is_ws((unsigned char)line[0])) return fail(x, SV_ERR_BAD_REQUEST, "obs-fold not allowed");
     while (i < n && line[i] != ':') {
         unsigned char c = (unsigned char)line[i];
-        if (is_ws(c)) return fail(x, SV_ERR_BAD_REQUEST, "whitespace before colon");
-        if (!sv_is_tchar(c)) return fail(x, SV_ERR_BAD_REQUEST, "invalid header name");
+        if (!TCHAR(c))
+            return fail(x, SV_ERR_BAD_REQUEST, is_ws(c) ? "whitespace before colon" : "invalid header name");
         i++;
     }
     if (i == 0 || i == n) return fail(x, SV_ERR_BAD_REQUEST, "invalid header name");
@@ -570,7 +572,7 @@ static int method_prefix(sv_ctx *x, size_t pos, size_t end)
 {
     size_t i = pos;
     while (i < end && x->buf[i] != ' ') {
-        if (!sv_is_tchar((unsigned char)x->buf[i]) || i - pos >= SV_METHOD_MAX)
+        if (!TCHAR(x->buf[i]) || i - pos >= SV_METHOD_MAX)
             return fail(x, SV_ERR_BAD_REQUEST, "invalid method");
         i++;
     }
@@ -691,10 +693,10 @@ static int chunk_ext_byte(sv_chunked *c, unsigned char ch, const char **errmsg)
         break;
     case CS_EXT_NAME_START:
         if (is_ws(ch)) return 0;
-        if (sv_is_tchar(ch)) { c->state = CS_EXT_NAME; return 0; }
+        if (TCHAR(ch)) { c->state = CS_EXT_NAME; return 0; }
         break;
     case CS_EXT_NAME:
-        if (sv_is_tchar(ch)) return 0;
+        if (TCHAR(ch)) return 0;
         if (is_ws(ch)) { c->state = CS_EXT_WS_SEMI_EQ; return 0; }
         if (ch == ';') { c->state = CS_EXT_NAME_START; return 0; }
         if (ch == '=') { c->state = CS_EXT_VAL_START; return 0; }
@@ -702,10 +704,10 @@ static int chunk_ext_byte(sv_chunked *c, unsigned char ch, const char **errmsg)
     case CS_EXT_VAL_START:
         if (is_ws(ch)) return 0;
         if (ch == '"') { c->state = CS_EXT_QSTR; return 0; }
-        if (sv_is_tchar(ch)) { c->state = CS_EXT_VAL_TOKEN; return 0; }
+        if (TCHAR(ch)) { c->state = CS_EXT_VAL_TOKEN; return 0; }
         break;
     case CS_EXT_VAL_TOKEN:
-        if (sv_is_tchar(ch)) return 0;
+        if (TCHAR(ch)) return 0;
         if (is_ws(ch)) { c->state = CS_EXT_WS_SEMI; return 0; }
         if (ch == ';') { c->state = CS_EXT_NAME_START; return 0; }
         break;
@@ -759,10 +761,10 @@ static int chunk_trailer_byte(sv_chunked *c, unsigned char ch, const char **errm
     switch (c->state) {
     case CS_TRL_START:
         if (is_ws(ch)) return chunk_fail(c, errmsg, SV_ERR_BAD_REQUEST, "obs-fold not allowed");
-        if (sv_is_tchar(ch)) { c->state = CS_TRL_NAME; return 0; }
+        if (TCHAR(ch)) { c->state = CS_TRL_NAME; return 0; }
         return chunk_fail(c, errmsg, SV_ERR_BAD_REQUEST, ch == '\n' ? "bare LF" : "invalid header name");
     case CS_TRL_NAME:
-        if (sv_is_tchar(ch)) return 0;
+        if (TCHAR(ch)) return 0;
         if (ch == ':') { c->state = CS_TRL_VALUE; return 0; }
         if (is_ws(ch)) return chunk_fail(c, errmsg, SV_ERR_BAD_REQUEST, "whitespace before colon");
         return chunk_fail(c, errmsg, SV_ERR_BAD_REQUEST, "invalid header name");

@@ -754,8 +754,25 @@ static void test_chunked_incremental(void)
     CHECK(all_ok);
 }
 
+/* The tchar table against RFC 9110 5.6.2's grammar, for every byte. */
+static void test_tchar_table(void)
+{
+    const char *specials = "!#$%&'*+-.^_`|~";
+    for (int c = 0; c < 256; c++) {
+        int alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+        int want = alnum || (c != 0 && strchr(specials, c) != NULL);
+        if (!!sv_is_tchar((unsigned char)c) != want) {
+            fprintf(stderr, "tchar table wrong for byte %d\n", c);
+            failed++;
+        } else {
+            passed++;
+        }
+    }
+}
+
 int main(void)
 {
+    test_tchar_table();
     test_basic();
     test_prefixes();
     test_request_line();
