@@ -79,6 +79,33 @@ class ThreadPollsTest < Minitest::Test
     end
   end
 
+  # Four clients, each one request at a time: whenever the threads have
+  # answered everything sent so far they have nothing to do, and one of them
+  # waits on the epoll itself (polls.c sv_polls_wait) instead of handing it
+  # back to the loop thread, so the next request is read by the thread that
+  # runs it. Every answer is the right one, and such waits happened.
+  def test_a_thread_with_nothing_to_do_waits_on_the_epoll_for_the_next_request
+    skip "no thread event hook: the loop reads every request" unless HOOK
+    with_server(ECHO, min_threads: 4, max_threads: 4) do |server, port|
+      answers = Queue.new
+      clients = Array.new(4) do |c|
+        Thread.new do
+          client = Client.new(port)
+          300.times do |i|
+            r = client.write(get("/c#{c}/#{i}")).read_response
+            answers << (r.status == 200 && r.body == "/c#{c}/#{i}" ? :ok : "#{c}/#{i}: #{r.status} #{r.body}")
+          end
+          client.close
+        end
+      end
+      clients.each(&:join)
+      assert_equal [:ok], Array.new(answers.size) { answers.pop }.uniq
+      stats = server.core.stats
+      assert_operator stats[:polled_waits], :>, 0
+      assert_operator stats[:polled_rounds], :>=, stats[:polled_waits]
+    end
+  end
+
   # While request threads poll the loop thread stays parked, but its timeout
   # scan still runs (loop.c park returns for it): a head that stops halfway
   # gets its 408 after read_timeout while eight clients keep the threads

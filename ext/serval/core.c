@@ -265,6 +265,7 @@ typedef struct {
     sv_waiter *waiter;   /* while asleep (for wait_ubf); set and cleared under core->mu */
     int yielding;        /* thread polls: sleep though requests are queued, until woken (polls.c) */
     int retry;           /* thread polls: woken for a queued request; take it holding the GVL */
+    int polling;         /* thread polls: waiting on the epoll (sv_polls_wait); set and cleared under core->mu */
 } wait_args;
 
 static int nothing_more(sv_core *core)
@@ -314,6 +315,13 @@ static void *wait_nogvl(void *p)
         sv_core_wake(core);
     }
     a->waiter = &w;
+    if (!core->q_head && !a->yielding && core->polls_on && !a->interrupted && !nothing_more(core)) {
+        a->polling = 1; /* thread polls: nothing to do, wait on the epoll (wait_ubf wakes it) */
+        pthread_mutex_unlock(&core->mu);
+        sv_polls_wait(core);
+        pthread_mutex_lock(&core->mu);
+        a->polling = 0;
+    }
     if (!core->q_head && !a->yielding)
         sv_polls_hand_back_locked(core); /* thread polls: nothing to do, the loop reads again */
     while ((!core->q_head || (a->yielding && !w.woken)) && !a->interrupted && !nothing_more(core)) {
@@ -347,6 +355,8 @@ static void wait_ubf(void *p)
     a->interrupted = 1;
     if (a->waiter)
         pthread_cond_signal(&a->waiter->cv);
+    if (a->polling)
+        sv_core_wake(a->core); /* ends its epoll wait */
     pthread_mutex_unlock(&a->core->mu);
 }
 
@@ -483,6 +493,7 @@ static VALUE core_stats(VALUE self)
     rb_hash_aset(h, ID2SYM(rb_intern("output_waits")), ULONG2NUM(atomic_load(&core->spill_waits)));
     rb_hash_aset(h, ID2SYM(rb_intern("thread_polls")), core->polls_on ? Qtrue : Qfalse); /* polls.c */
     rb_hash_aset(h, ID2SYM(rb_intern("polled_rounds")), ULONG2NUM(atomic_load(&core->polled_rounds)));
+    rb_hash_aset(h, ID2SYM(rb_intern("polled_waits")), ULONG2NUM(atomic_load(&core->polled_waits)));
     rb_hash_aset(h, ID2SYM(rb_intern("draining")), draining ? Qtrue : Qfalse);
     rb_hash_aset(h, ID2SYM(rb_intern("stopping")), stopping ? Qtrue : Qfalse);
     return h;

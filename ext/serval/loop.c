@@ -851,10 +851,10 @@ static double handle_events(sv_core *core, struct epoll_event *events, int n)
     return began;
 }
 
-int sv_loop_poll(sv_core *core)
+int sv_loop_poll(sv_core *core, int timeout_ms)
 {
     struct epoll_event events[SV_EVENTS];
-    int n = epoll_wait(core->epfd, events, SV_EVENTS, 0);
+    int n = epoll_wait(core->epfd, events, SV_EVENTS, timeout_ms);
     double now = n > 0 ? handle_events(core, events, n) : sv_now();
     bury(core);
     atomic_store(&core->last_poll, now);

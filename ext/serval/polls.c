@@ -116,7 +116,8 @@ void sv_polls_start(sv_core *core)
 
 void sv_polls_hand_back_locked(sv_core *core)
 {
-    if (!atomic_load(&core->duty))
+    /* a thread waiting on the epoll gives it back itself if its wait brings nothing */
+    if (!atomic_load(&core->duty) || atomic_load(&core->poll_waiting))
         return;
     atomic_store(&core->duty, 0);
     pthread_cond_signal(&core->park_cv); /* the parked loop thread waits on the epoll again */
@@ -159,8 +160,34 @@ int sv_polls_poll(sv_core *core, int queue_empty)
         return 0; /* the loop thread has the epoll, or another thread polls */
     int ran = atomic_load(&core->duty);
     if (ran) {
-        sv_loop_poll(core);
+        sv_loop_poll(core, 0);
         atomic_fetch_add(&core->polled_rounds, 1);
+    }
+    pthread_mutex_unlock(&core->poll_mu);
+    return ran;
+}
+
+/* Nothing is queued and this thread has nothing to do: rather than give the
+ * epoll back to the loop thread and sleep (the loop thread would wake for
+ * the next arrival, dispatch it and wake this thread: three context
+ * switches), it waits on the epoll itself, so the arrival wakes the thread
+ * that takes it. At most SV_PARK_MS: after that the loop thread takes the
+ * epoll back as before (wait_nogvl), and last_poll keeps the parked loop
+ * from doing so while this one waits. */
+int sv_polls_wait(sv_core *core)
+{
+    if (!core->polls_on || !atomic_load(&core->duty))
+        return 0;
+    if (pthread_mutex_trylock(&core->poll_mu) != 0)
+        return 0; /* the loop thread has the epoll, or another thread polls */
+    int ran = atomic_load(&core->duty);
+    if (ran) {
+        atomic_store(&core->poll_waiting, 1);
+        atomic_store(&core->last_poll, sv_now());
+        sv_loop_poll(core, SV_PARK_MS);
+        atomic_store(&core->poll_waiting, 0);
+        atomic_fetch_add(&core->polled_rounds, 1);
+        atomic_fetch_add(&core->polled_waits, 1);
     }
     pthread_mutex_unlock(&core->poll_mu);
     return ran;

@@ -206,6 +206,7 @@ struct sv_core {
     pthread_mutex_t poll_mu;
     pthread_cond_t park_cv;      /* the parked loop thread waits here (with core->mu) */
     _Atomic int duty;            /* written under core->mu */
+    _Atomic int poll_waiting;    /* a request thread waits on the epoll (sv_polls_wait) */
     _Atomic double last_poll;    /* monotonic: the last round a request thread ran */
     _Atomic double round_at;     /* monotonic: when the round of events in progress began, 0 between rounds (sv_loop_now) */
     _Atomic double last_take;    /* monotonic: the last request Core#next returned */
@@ -215,6 +216,7 @@ struct sv_core {
     _Atomic double preempted_since; /* when the last of those was taken */
     int polls_on;                /* thread polls in effect (sv_polls_start: asked for, and possible) */
     _Atomic unsigned long polled_rounds; /* rounds run by request threads */
+    _Atomic unsigned long polled_waits;  /* of those, rounds a thread with nothing to do waited for (sv_polls_wait) */
     int joined;
 
     sv_listener listeners[SV_MAX_LISTENERS];
@@ -308,6 +310,9 @@ void sv_polls_done(sv_core *core);           /* that request ended (finish, abor
 /* Core#next, GVL held: runs a round of the loop's events when the loop is
  * parked and the queue is empty or the last round SV_POLL_EVERY_MS old; 1 if it ran one */
 int sv_polls_poll(sv_core *core, int queue_empty);
+/* Core#next, without the GVL, core->mu not held: a thread with nothing to
+ * do waits on the epoll itself, at most SV_PARK_MS; 1 if it ran that round */
+int sv_polls_wait(sv_core *core);
 /* Core#next, GVL held: whether this thread should sleep and leave the queue to a thread that
  * waits for the GVL with a request it took while asleep, or a young one a fairness switch interrupted */
 int sv_polls_yield(sv_core *core);
@@ -322,8 +327,9 @@ void sv_core_wake(sv_core *core);
 void sv_core_stop_and_join(sv_core *core, double grace);
 void sv_core_destroy(sv_core *core);
 /* A request thread holding poll_mu while the loop is parked: one round of
- * the events ready now. Returns how many. */
-int sv_loop_poll(sv_core *core);
+ * the events ready now, or within timeout_ms (without the GVL only).
+ * Returns how many. */
+int sv_loop_poll(sv_core *core, int timeout_ms);
 /* Loop thread only: parse what is buffered and dispatch. */
 void sv_loop_process_input(sv_conn *c);
 /* The owner (either side): wait on the loop's epoll for `events` (as the

@@ -32,6 +32,7 @@ module Serval
       output_spills: ["serval_output_spills_total", :counter, "Responses whose generated body spilled to a temp file"],
       output_waits: ["serval_output_waits_total", :counter, "Times a writer waited for its client: no output memory or spill left"],
       polled_rounds: ["serval_polled_rounds_total", :counter, "Rounds of the event loop run by request threads (thread polls)"],
+      polled_waits: ["serval_polled_waits_total", :counter, "Of those, rounds a request thread with nothing to do waited on the epoll for"],
       workers: ["serval_workers", :gauge, "Configured workers"],
       booted_workers: ["serval_booted_workers", :gauge, "Workers booted and serving"],
       old_workers: ["serval_old_workers", :gauge, "Workers of an older phase still running"],

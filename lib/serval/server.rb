@@ -110,7 +110,8 @@ module Serval
         requests_count: s[:requests], connections: s[:connections], accepted: s[:accepted], evicted: s[:evicted],
         rejected: s[:errors], requests_shed: s[:shed], output_buffered_bytes: s[:output_buffered_bytes],
         output_spilled_bytes: s[:output_spilled_bytes], output_spills: s[:output_spills],
-        output_waits: s[:output_waits], thread_polls: s[:thread_polls], polled_rounds: s[:polled_rounds] }.tap do |h|
+        output_waits: s[:output_waits], thread_polls: s[:thread_polls], polled_rounds: s[:polled_rounds],
+        polled_waits: s[:polled_waits] }.tap do |h|
         h[:queue_wait_estimate] = s[:queue_wait_estimate] if s.key?(:queue_wait_estimate)
         h[:timing] = @handler.timing.stats if @handler.timing
         h[:fair_preemptions] = Fairness.preemptions if @fairness == :preempt
