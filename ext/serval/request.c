@@ -374,10 +374,13 @@ static VALUE req_write(VALUE self, VALUE str)
 
 /* respond(status, headers, body): the whole response of a plain Array body
  * of Strings in one call (the head with its content-length, then the
- * chunks), true. For any other body, or a rack.hijack response header,
+ * chunks), true; true with nothing written after a full hijack (the app has
+ * the socket). For any other body, or a rack.hijack response header,
  * false with nothing written: ResponseWriter#write takes those. */
 static VALUE req_respond(VALUE self, VALUE status, VALUE headers, VALUE body)
 {
+    if (!NIL_P(get(self)->hijack_io))
+        return Qtrue; /* the app took the socket (rack.hijack): nothing to write */
     sv_conn *c = conn_of(self);
     if (rb_obj_class(body) != rb_cArray)
         return Qfalse;
@@ -522,9 +525,8 @@ static VALUE req_early_hints(VALUE self, VALUE headers)
  * env["serval.timing"] with CPU and GC time. Process-wide counter, GVL held. */
 static unsigned long sample_n;
 
-static VALUE req_timing_begin(VALUE self, VALUE env, VALUE every)
+static VALUE timing_begin(VALUE self, sv_req *r, VALUE env, VALUE every)
 {
-    sv_req *r = get(self);
     unsigned long n = NUM2ULONG(every);
     int detailed = n > 0 && ++sample_n % n == 0;
     double queued_at = r->conn ? r->conn->queued_at : 0.0;
@@ -536,6 +538,22 @@ static VALUE req_timing_begin(VALUE self, VALUE env, VALUE every)
     }
     sv_tm_begin(r->tm_cur, queued_at, env, detailed, r->upstream != 0);
     return r->tm_obj;
+}
+
+static VALUE req_timing_begin(VALUE self, VALUE env, VALUE every)
+{
+    return timing_begin(self, get(self), env, every);
+}
+
+/* The handler's first call (lib/serval/request_handler.rb): the env, and
+ * with timing on (every: one in every requests is sampled; nil: off) the
+ * request's timing started, in one call. */
+static VALUE req_start(VALUE self, VALUE tmpl, VALUE every)
+{
+    VALUE env = req_env(self, tmpl);
+    if (!NIL_P(every))
+        timing_begin(self, get(self), env, every);
+    return env;
 }
 
 static VALUE req_timing_end(VALUE self)
@@ -568,6 +586,7 @@ void sv_init_request(VALUE mNative)
     sv_cRequest = rb_define_class_under(mNative, "Request", rb_cObject);
     rb_undef_alloc_func(sv_cRequest);
     rb_define_method(sv_cRequest, "env", req_env, 1);
+    rb_define_method(sv_cRequest, "start", req_start, 2);
     rb_define_method(sv_cRequest, "body", req_body, 0);
     rb_define_method(sv_cRequest, "write_head", req_write_head, -1);
     rb_define_method(sv_cRequest, "write", req_write, 1);

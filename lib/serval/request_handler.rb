@@ -37,18 +37,16 @@ module Serval
     # (Request#respond); ResponseWriter takes every other body.
     def call(request)
       started = Process.clock_gettime(Process::CLOCK_MONOTONIC) if @log_requests
-      env = request.env(@template)
+      env = request.start(@template, @timing_every) # the env, and the timing begun (with timing on)
       if (body = request.body)
         env[RACK_INPUT] = input = make_input(body)
       end
       env[RACK_EARLY_HINTS] = EarlyHints.new(request) if @early_hints
       status = headers = error = nil
-      request.timing_begin(env, @timing_every) if @timing
       begin
         status, headers, body = @app.call(env)
-        unless request.hijacked? || request.respond(status, headers, body)
-          @writer.write(request, env, status, headers, body)
-        end
+        # respond: a plain Array body written in one call, or a full hijack (nothing to write)
+        @writer.write(request, env, status, headers, body) unless request.respond(status, headers, body)
       rescue ConnectionError => e
         error = e
         request.abort
@@ -62,7 +60,7 @@ module Serval
         timing = request.timing_end
         GVLTrace.note(timing, env) if timing && GVLTrace.recording
       end
-      request.finish unless request.hijacked?
+      request.finish # a no-op after a hijack
       log_access(env, status, started, timing) if @log_requests
       callbacks = request.callbacks
       run_callbacks(env, status, headers, error, *callbacks) if callbacks
@@ -71,7 +69,7 @@ module Serval
       # (a stop timeout) or anything above raised, the connection is closed
       # instead of staying open with no one left to answer it.
       request.abort
-      input.close if input.is_a?(File)
+      input.close if input && input.is_a?(File)
     end
 
     private
