@@ -61,15 +61,13 @@ static int is_ws(unsigned char c) { return c == ' ' || c == '\t'; }
  *         "^" / "_" / "`" / "|" / "~" / DIGIT / ALPHA          (RFC 9110 5.6.2)
  * A table: every byte of a method and a field name is looked up (test/c
  * checks it against the grammar above for all 256 bytes). */
-static const unsigned char tchar_table[256] = {
+const unsigned char sv_tchar_table[256] = {
     ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1, ['*'] = 1,
     ['+'] = 1, ['-'] = 1, ['.'] = 1, ['^'] = 1, ['_'] = 1, ['`'] = 1, ['|'] = 1, ['~'] = 1,
     ['0' ... '9'] = 1, ['A' ... 'Z'] = 1, ['a' ... 'z'] = 1,
 };
 
-#define TCHAR(c) (tchar_table[(unsigned char)(c)])
-
-int sv_is_tchar(unsigned char c) { return TCHAR(c); }
+#define TCHAR(c) (sv_tchar_table[(unsigned char)(c)])
 
 /* field-vchar / obs-text / SP / HTAB (RFC 9110 5.5) */
 static int is_value_char(unsigned char c)

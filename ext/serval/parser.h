@@ -101,8 +101,10 @@ void sv_chunked_init(sv_chunked *c, size_t max_ext, size_t max_trailer);
  */
 ssize_t sv_chunked_decode(sv_chunked *c, char *buf, size_t len, size_t *out_len, const char **errmsg);
 
-/* tchar (RFC 9110 5.6.2): the bytes of a token (method, field name). */
-int sv_is_tchar(unsigned char c);
+/* tchar (RFC 9110 5.6.2): the bytes of a token (method, field name); a
+ * table lookup, inline (every byte of every field name goes through it). */
+extern const unsigned char sv_tchar_table[256];
+static inline int sv_is_tchar(unsigned char c) { return sv_tchar_table[c]; }
 
 /* The reason phrase for a status code, "" when there is no standard one (status.c). */
 const char *sv_reason_phrase(int code);
