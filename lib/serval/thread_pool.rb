@@ -21,13 +21,14 @@ module Serval
 
     attr_reader :min, :max, :lane
 
-    def initialize(core, min:, max:, idle_timeout:, log_writer:, &handler)
+    # handler: an object whose #call(request) serves it (or a block).
+    def initialize(core, min:, max:, idle_timeout:, log_writer:, handler: nil, &block)
       @core = core
       @min = min
       @max = max
       @idle_timeout = idle_timeout
       @log_writer = log_writer
-      @handler = handler
+      @handler = handler || block
       @mutex = Mutex.new
       @threads = []
       @serial = 0
@@ -124,9 +125,12 @@ module Serval
       @threads << thread
     end
 
+    # One iteration per request: `while`, not `loop`, so that no block is
+    # called per request, and the unlocked pre-checks (plain reads under the
+    # GVL) keep method calls off the path while the pool is at its size.
     def work
       Fairness.apply(Thread.current) # docs/tuning.md "Fairness"; Server#run set this process's slice
-      loop do
+      while true # rubocop:disable Style/InfiniteLoop
         wait = @threads.size > @max ? [LANE_WAIT, @idle_timeout].min : @idle_timeout
         request = @core.next(wait)
         if request.nil?
@@ -134,14 +138,14 @@ module Serval
 
           next
         end
-        grow if @core.waiting.zero? && @threads.size < limit # unlocked pre-check: grow decides locked
+        grow if @threads.size < @max + @lane && @core.waiting.zero? # unlocked pre-check: grow decides locked
         @busy += 1
         begin
           @handler.call(request)
         ensure
           @busy -= 1
         end
-        break if surplus?
+        break if @threads.size > @max + @lane && surplus?
       end
     ensure
       @mutex.synchronize { @threads.delete(Thread.current) }
