@@ -8,6 +8,7 @@
 #include <sys/epoll.h>
 #include <ruby.h>
 #include <ruby/thread.h>
+#include <ruby/version.h>
 #include "serval_ruby.h"
 #include "transport.h"
 
@@ -39,29 +40,19 @@ static void ended(sv_req *r)
     }
 }
 
-/* Freed request structs kept for the next requests (both ends run with the
- * GVL: sv_request_new in Core#next, req_free in the GC): a request costs no
- * calloc (glibc's calloc takes the slow path, no thread cache). */
-#define SV_REQ_POOL 64
-static sv_req *req_pool[SV_REQ_POOL];
-static int req_pooled;
-
-static sv_req *req_get(void)
-{
-    if (req_pooled == 0)
-        return ZALLOC(sv_req);
-    sv_req *r = req_pool[--req_pooled];
-    memset(r, 0, sizeof(*r));
-    return r;
-}
-
-static void req_put(sv_req *r)
-{
-    if (req_pooled < SV_REQ_POOL)
-        req_pool[req_pooled++] = r;
-    else
-        xfree(r);
-}
+/* Ruby 3.3+: the struct is allocated inside the Request's own slot (no
+ * calloc and no free per request); Ruby frees it (or the malloc'd one when
+ * it did not fit a slot), req_free only ends the request. Embedding needs
+ * the free to run during the GC's sweep (RUBY_TYPED_FREE_IMMEDIATELY):
+ * req_free never gives up the GVL, and core->mu, which it may take for an
+ * abandoned connection, is never held by code that allocates Ruby objects. */
+#if defined(RUBY_API_VERSION_CODE) && RUBY_API_VERSION_CODE >= 30300
+#define SV_EMBED 1
+#define SV_TYPED_EMBEDDABLE RUBY_TYPED_EMBEDDABLE
+#else
+#define SV_EMBED 0
+#define SV_TYPED_EMBEDDABLE 0
+#endif
 
 static void req_mark(void *p)
 {
@@ -83,7 +74,9 @@ static void req_free(void *p)
         ended(r);
         sv_core_unref(r->core);
     }
-    req_put(r);
+#if !SV_EMBED
+    xfree(r);
+#endif
 }
 
 /* Write-barrier protected (every VALUE field is stored with RB_OBJ_WRITE):
@@ -91,13 +84,13 @@ static void req_free(void *p)
 static const rb_data_type_t req_type = {
     "Serval::Native::Request",
     {req_mark, req_free, NULL},
-    NULL, NULL, RUBY_TYPED_WB_PROTECTED,
+    NULL, NULL, RUBY_TYPED_WB_PROTECTED | RUBY_TYPED_FREE_IMMEDIATELY | SV_TYPED_EMBEDDABLE,
 };
 
 VALUE sv_request_new(VALUE core_obj, sv_core *core, sv_conn *conn)
 {
-    sv_req *r = req_get();
-    VALUE obj = TypedData_Wrap_Struct(sv_cRequest, &req_type, r);
+    sv_req *r;
+    VALUE obj = TypedData_Make_Struct(sv_cRequest, sv_req, &req_type, r);
     RB_OBJ_WRITE(obj, &r->core_obj, core_obj);
     r->core = core;
     sv_core_ref(core);
