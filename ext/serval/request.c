@@ -367,9 +367,11 @@ static VALUE req_write(VALUE self, VALUE str)
 
 /* respond(status, headers, body): the whole response of a plain Array body
  * of Strings in one call (the head with its content-length, then the
- * chunks), true; true with nothing written after a full hijack (the app has
- * the socket). For any other body, or a rack.hijack response header,
- * false with nothing written: ResponseWriter#write takes those. */
+ * chunks), :array (a plain Array has no close to call); true with nothing
+ * written after a full hijack (the app has the socket). For any other body,
+ * or a rack.hijack response header, false with nothing written:
+ * ResponseWriter#write takes those. */
+static VALUE sym_array;
 static VALUE req_respond(VALUE self, VALUE status, VALUE headers, VALUE body)
 {
     if (!NIL_P(get(self)->hijack_io))
@@ -392,7 +394,7 @@ static VALUE req_respond(VALUE self, VALUE status, VALUE headers, VALUE body)
         if (RB_TYPE_P(s, T_STRING)) /* still: a write may have let another thread run */
             write_body(self, conn_of(self), s);
     }
-    return Qtrue;
+    return sym_array;
 }
 
 static VALUE req_flush(VALUE self)
@@ -433,12 +435,18 @@ static void *done_nogvl(void *p)
     return NULL;
 }
 
+/* finish: the request's timing ends (when it began: before the client can
+ * see the response, so stats never lag it), then what is left of the
+ * response goes out and the connection goes back to the loop (a no-op
+ * after a hijack or an abort). Returns the sampled request's Timing, or nil. */
 static VALUE req_finish(VALUE self)
 {
     sv_req *r = get(self);
+    if (r->tm_cur)
+        sv_tm_end(r->tm_cur);
     sv_conn *c = r->conn;
     if (!c)
-        return Qnil;
+        return r->tm_obj;
     if (c->mode == SV_MODE_CHUNKED)
         append_body(self, c, "0\r\n\r\n", 5);
     else if (c->mode == SV_MODE_LENGTH && c->sent_body != c->expected)
@@ -449,7 +457,7 @@ static VALUE req_finish(VALUE self)
         sv_conn_response_done(c);
     else
         rb_thread_call_without_gvl(done_nogvl, c, RUBY_UBF_IO, NULL);
-    return Qnil;
+    return r->tm_obj;
 }
 
 static VALUE req_abort(VALUE self)
@@ -578,6 +586,7 @@ void sv_init_request(VALUE mNative)
 {
     sv_cRequest = rb_define_class_under(mNative, "Request", rb_cObject);
     rb_undef_alloc_func(sv_cRequest);
+    sym_array = ID2SYM(rb_intern("array"));
     rb_define_method(sv_cRequest, "env", req_env, 1);
     rb_define_method(sv_cRequest, "start", req_start, 2);
     rb_define_method(sv_cRequest, "body", req_body, 0);

@@ -42,11 +42,13 @@ module Serval
         env[RACK_INPUT] = input = make_input(body)
       end
       env[RACK_EARLY_HINTS] = EarlyHints.new(request) if @early_hints
-      status = headers = error = nil
+      status = headers = error = written = nil
       begin
         status, headers, body = @app.call(env)
-        # respond: a plain Array body written in one call, or a full hijack (nothing to write)
-        @writer.write(request, env, status, headers, body) unless request.respond(status, headers, body)
+        # respond: a plain Array body written in one call (:array), a full hijack (true: nothing to
+        # write), else false: ResponseWriter takes the rest
+        written = request.respond(status, headers, body)
+        @writer.write(request, env, status, headers, body) unless written
       rescue ConnectionError => e
         error = e
         request.abort
@@ -54,13 +56,12 @@ module Serval
         error = e
         status, headers = @errors.respond(request, env, e)
       ensure
-        close_body(body)
+        close_body(body) unless written == :array # a plain Array: nothing to close
       end
-      if @timing # before the client can see the response: stats never lag
-        timing = request.timing_end
-        GVLTrace.note(timing, env) if timing && GVLTrace.recording
-      end
-      request.finish # a no-op after a hijack
+      # ends the timing first (stats never lag the client), then sends the rest; the Timing of a
+      # sampled request, else nil
+      timing = request.finish
+      GVLTrace.note(timing, env) if timing && GVLTrace.recording
       log_access(env, status, started, timing) if @log_requests
       callbacks = request.callbacks
       run_callbacks(env, status, headers, error, *callbacks) if callbacks
