@@ -308,6 +308,32 @@ class RackResponseTest < Minitest::Test
     end
   end
 
+  # A bad field after good ones: the head written so far is taken back out
+  # (head.c sv_head_rollback), so the 500 carries none of it, on keep-alive
+  # too, whether the body is a plain Array (Request#respond) or not.
+  def test_a_head_that_fails_midway_sends_nothing_of_itself
+    app = lambda do |env|
+      headers = { "x-good-first" => "1", "x-good-second" => "2", "x-bad" => "a\rb" }
+      case env["PATH_INFO"]
+      when "/array" then [200, headers, ["x"]]
+      when "/each" then [200, headers, Each.new(["x"], Queue.new)]
+      else [200, TEXT.dup, ["fine"]]
+      end
+    end
+    with_server(app, lint: false) do |_server, port|
+      client = connect(port)
+      %w[/array /each].each do |path|
+        client.write("GET #{path} HTTP/1.1\r\nHost: h\r\n\r\n")
+        res = client.read_response
+        assert_equal 500, res.status, path
+        assert_nil res["x-good-first"], path
+        assert_nil res["x-good-second"], path
+        client.write("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert_equal "fine", client.read_response.body
+      end
+    end
+  end
+
   def test_app_exception_gives_500_and_the_server_goes_on
     app = lambda do |env|
       raise ArgumentError, "app failed" if env["PATH_INFO"] == "/boom"

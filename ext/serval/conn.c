@@ -158,6 +158,7 @@ static void reset_request(sv_conn *c)
     c->head_only = 0;
     c->close_after = 0;
     c->head_written = 0;
+    c->head_partial = 0;
     c->since = sv_now();
     if (c->in.len == 0) { /* idle keep-alive: the parsed head (header slots) goes too; parse mallocs it */
         sv_pool_put(&c->core->req_pool, c->req);

@@ -73,21 +73,25 @@ static void emit_line(head_ctx *x, const char *name, long nlen, const char *val,
     b->len += n;
 }
 
+#define SV_PHRASE_MAX 48 /* longer than any phrase status.c knows (31) */
+
 /* "HTTP/1.1 200 OK\r\n" (no snprintf: Ruby's, which ruby.h puts in its
  * place, costs more than the rest of the status line). */
 static void status_line(sv_conn *c, int code)
 {
     const char *phrase = sv_reason_phrase(code);
     size_t plen = strlen(phrase);
-    char line[16];
+    char line[16 + SV_PHRASE_MAX];
+    if (plen > SV_PHRASE_MAX)
+        plen = SV_PHRASE_MAX;
     memcpy(line, "HTTP/1.1 ", 9);
     line[9] = (char)('0' + code / 100);
     line[10] = (char)('0' + code / 10 % 10);
     line[11] = (char)('0' + code % 10);
     line[12] = ' ';
-    out(c, line, 13);
-    out(c, phrase, plen);
-    out(c, "\r\n", 2);
+    memcpy(line + 13, phrase, plen);
+    memcpy(line + 13 + plen, "\r\n", 2);
+    out(c, line, 15 + plen); /* one append */
 }
 
 /* A String value may carry several lines (Rack 2 style). */
@@ -179,14 +183,17 @@ static int header_i(VALUE key, VALUE val, VALUE arg)
     return ST_CONTINUE;
 }
 
-static VALUE foreach_headers(VALUE arg)
+/* A head that raised midway (sv_write_head) is taken back out of c->out. */
+void sv_head_rollback(sv_conn *c)
 {
-    head_ctx *x = (head_ctx *)arg;
-    rb_hash_foreach(x->headers, header_i, arg);
-    return Qnil;
+    if (c->head_partial) {
+        c->out.len = c->head_mark;
+        c->head_partial = 0;
+    }
 }
 
-/* "date: ...\r\n", formatted once a second; only touched with the GVL held. */
+/* "date: ...\r\n\r\n" (the head's end included), formatted once a second;
+ * only touched with the GVL held. */
 static const char *date_line(size_t *len)
 {
     static char buf[64];
@@ -196,7 +203,8 @@ static const char *date_line(size_t *len)
     if (now != cached) {
         struct tm tm;
         gmtime_r(&now, &tm);
-        blen = strftime(buf, sizeof(buf), "date: %a, %d %b %Y %H:%M:%S GMT\r\n", &tm);
+        /* the head's end too: the date line is the head's last (one append) */
+        blen = strftime(buf, sizeof(buf), "date: %a, %d %b %Y %H:%M:%S GMT\r\n\r\n", &tm);
         cached = now;
     }
     *len = blen;
@@ -221,7 +229,14 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int fla
     sv_core *core = c->core;
     const sv_request *r = c->req;
     head_ctx x = {c, 0, 0, 0, 0, 0, -1, Qnil};
+    sv_head_rollback(c);
+    /* Nothing of a bad head is sent: if anything below raises (a bad header,
+     * a head too large), the partial head stays marked, and the next
+     * write_head (the error answer) or finish takes it back out
+     * (sv_head_rollback). No rb_protect per request. */
     size_t mark = c->out.len;
+    c->head_mark = mark;
+    c->head_partial = 1;
     char line[64];
     int n;
     status_line(c, code);
@@ -229,14 +244,9 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int fla
         if (!RB_TYPE_P(headers, T_HASH))
             headers = rb_convert_type(headers, T_HASH, "Hash", "to_hash");
         x.headers = headers;
-        int state = 0;
-        rb_protect(foreach_headers, (VALUE)&x, &state);
-        if (state) {
-            c->out.len = mark; /* nothing of a bad head is sent */
-            rb_jump_tag(state);
-        }
+        rb_hash_foreach(headers, header_i, (VALUE)&x);
         if (x.hijack && (flags & SV_HEAD_NO_HIJACK)) {
-            c->out.len = mark;
+            sv_head_rollback(c);
             return -1;
         }
     }
@@ -286,9 +296,11 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int fla
     if (!x.has_date) {
         size_t dl;
         const char *d = date_line(&dl);
-        out(c, d, dl);
+        out(c, d, dl); /* with the head's closing CRLF */
+    } else {
+        out(c, "\r\n", 2);
     }
-    out(c, "\r\n", 2);
+    c->head_partial = 0;
     c->keep_alive = keep;
     c->head_written = 1;
     c->sent_body = 0;

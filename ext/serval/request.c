@@ -447,6 +447,7 @@ static VALUE req_finish(VALUE self)
     sv_conn *c = r->conn;
     if (!c)
         return r->tm_obj;
+    sv_head_rollback(c); /* a head that raised midway is not sent */
     if (c->mode == SV_MODE_CHUNKED)
         append_body(self, c, "0\r\n\r\n", 5);
     else if (c->mode == SV_MODE_LENGTH && c->sent_body != c->expected)

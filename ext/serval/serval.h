@@ -167,6 +167,8 @@ typedef struct sv_conn {
     int head_only;               /* HEAD request: body bytes are dropped */
     int close_after;             /* close once the output is written */
     int head_written;            /* write_head succeeded for the current request */
+    int head_partial;            /* write_head raised midway: out holds a partial head from head_mark on */
+    size_t head_mark;
 } sv_conn;
 
 typedef struct {

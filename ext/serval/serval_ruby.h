@@ -73,5 +73,6 @@ double sv_upstream_epoch(const char *p, long n);
 #define SV_HEAD_RAW 1        /* partial hijack: no framing headers */
 #define SV_HEAD_NO_HIJACK 2  /* a rack.hijack header: return -1, nothing written */
 int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int flags);
+void sv_head_rollback(sv_conn *c); /* takes a head that raised midway back out of c->out */
 
 #endif
