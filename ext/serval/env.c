@@ -10,7 +10,7 @@
 #define SV_KEY_STACK 256
 
 /* The env keys every request sets (sv_build_env). */
-enum { E_METHOD, E_PATH, E_QUERY, E_URI, E_PROTO, E_REMOTE, E_NAME, E_PORT, E_HIJACK, E_FINISHED, E_AFTER, E_SLOTS };
+enum { E_METHOD, E_PATH, E_QUERY, E_URI, E_PROTO, E_REMOTE, E_NAME, E_PORT, E_HOST, E_HIJACK, E_FINISHED, E_AFTER, E_SLOTS };
 static VALUE slot_keys[E_SLOTS];
 
 /* Which slot a key is, by its address (the slot keys are pinned: rb_gc_mark
@@ -51,7 +51,7 @@ static const char *common_methods[] = {"GET", "POST", "HEAD", "PUT", "DELETE", "
 #define SV_METHODS 8
 static VALUE method_keys[SV_METHODS];
 
-static VALUE k_host, v_80, v_443, k_ctype, k_clen, k_cookie, k_xrs, k_xqs, k_upgrade, k_protocol, v_http10, v_http11, k_scheme, k_https,
+static VALUE v_80, v_443, k_ctype, k_clen, k_cookie, k_xrs, k_xqs, k_upgrade, k_protocol, v_http10, v_http11, k_scheme, k_https,
     v_https, v_on, re_list;
 
 /* Frequent header names map straight to their env key. */
@@ -97,7 +97,7 @@ void sv_init_env(void)
     static const char *slot_names[E_SLOTS] = {
         [E_METHOD] = "REQUEST_METHOD", [E_PATH] = "PATH_INFO", [E_QUERY] = "QUERY_STRING",
         [E_URI] = "REQUEST_URI", [E_PROTO] = "SERVER_PROTOCOL", [E_REMOTE] = "REMOTE_ADDR",
-        [E_NAME] = "SERVER_NAME", [E_PORT] = "SERVER_PORT", [E_HIJACK] = "rack.hijack",
+        [E_NAME] = "SERVER_NAME", [E_PORT] = "SERVER_PORT", [E_HOST] = "HTTP_HOST", [E_HIJACK] = "rack.hijack",
         [E_FINISHED] = "rack.response_finished", [E_AFTER] = "rack.after_reply",
     };
     for (int i = 0; i < E_SLOTS; i++) {
@@ -106,7 +106,6 @@ void sv_init_env(void)
     }
     for (int i = 0; common_methods[i]; i++)
         method_keys[i] = fstr(common_methods[i]);
-    k_host = fstr("HTTP_HOST");
     v_80 = sv_strcache_get("80", 2);
     v_443 = sv_strcache_get("443", 3);
     rb_gc_register_mark_object(v_80);
@@ -210,9 +209,7 @@ static void add_header(VALUE env, st_table *tbl, const sv_request *r, const sv_h
         *upstream = 1;
     /* One hash of the key per field (a lookup and then an aset would hash it
      * twice); the key is an interned String, as Hash#[]= would store it. */
-    /* Host repeats on every request of a connection: a shared frozen value
-     * (strcache.c; the parser lets one Host field through, never two) */
-    header_put put = {key == k_host ? sv_strcache_get(h->value, h->value_len) : bin(h->value, h->value_len), Qundef};
+    header_put put = {bin(h->value, h->value_len), Qundef};
     st_update(tbl, (st_data_t)key, header_update, (st_data_t)&put);
     if (put.prev == Qundef)
         return;
@@ -308,6 +305,10 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE 
     f.val[E_PROTO] = r->minor_version ? v_http11 : v_http10;
     f.val[E_REMOTE] = sv_strcache_get(c->remote, strlen(c->remote));
     server_name(c, &f.val[E_NAME], &f.val[E_PORT]);
+    /* Host: in every HTTP/1.1 request (the parser demands it), so a slot;
+     * an HTTP/1.0 request without one has the key taken out below */
+    const sv_header *host = r->host_field >= 0 ? &r->headers[r->host_field] : NULL;
+    f.val[E_HOST] = host ? sv_strcache_get(host->value, host->value_len) : Qnil;
     f.val[E_HIJACK] = hijack;
     f.val[E_FINISHED] = *finished = rb_ary_new();
     f.val[E_AFTER] = *after = rb_ary_new();
@@ -317,15 +318,18 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE 
     st_table *tbl = RHASH_TBL(env);
     st_foreach_with_replace(tbl, fill_check, fill_replace, (st_data_t)&f);
     for (int i = 0; i < E_SLOTS; i++)
-        if (!(f.filled & (1u << i)))
+        if (!(f.filled & (1u << i)) && !(i == E_HOST && !host))
             rb_hash_aset(env, slot_keys[i], f.val[i]);
+    if (!host && (f.filled & (1u << E_HOST)))
+        rb_hash_delete(env, slot_keys[E_HOST]);
     if (c->tls) {
         rb_hash_aset(env, k_scheme, v_https);
         rb_hash_aset(env, k_https, v_on);
     }
     *upstream = 0;
     for (size_t i = 0; i < r->num_headers; i++)
-        add_header(env, tbl, r, &r->headers[i], upstream);
+        if (&r->headers[i] != host) /* in its slot already */
+            add_header(env, tbl, r, &r->headers[i], upstream);
     if (r->upgrade) { /* rack.protocol: the Upgrade field's tokens */
         VALUE up = rb_hash_lookup2(env, k_upgrade, Qnil);
         if (RB_TYPE_P(up, T_STRING))

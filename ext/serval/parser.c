@@ -452,7 +452,10 @@ static int on_field(sv_ctx *x, sv_request *r, const sv_header *h)
 {
     const char *nm = h->name;
     size_t nl = h->name_len;
-    if (ieq(nm, nl, "host")) return on_host(x, h->value, h->value_len);
+    if (ieq(nm, nl, "host")) {
+        r->host_field = (int)(h - r->headers);
+        return on_host(x, h->value, h->value_len);
+    }
     if (ieq(nm, nl, "content-length")) return on_content_length(x, r, h->value, h->value_len);
     if (ieq(nm, nl, "transfer-encoding")) return on_transfer_encoding(x, h->value, h->value_len);
     if (ieq(nm, nl, "connection")) return on_connection(x, h->value, h->value_len);
@@ -520,14 +523,9 @@ static int finish(sv_ctx *x, sv_request *r, size_t head_len)
     if (rc < 0) return rc;
     if (x->expect_bad) return fail(x, SV_ERR_EXPECTATION, "unsupported expectation");
 
-    if (!x->abs_host && x->host_fields == 1) {
-        for (size_t i = 0; i < r->num_headers; i++) {
-            if (ieq(r->headers[i].name, r->headers[i].name_len, "host")) {
-                r->host = r->headers[i].value;
-                r->host_len = r->headers[i].value_len;
-                break;
-            }
-        }
+    if (!x->abs_host && r->host_field >= 0) {
+        r->host = r->headers[r->host_field].value;
+        r->host_len = r->headers[r->host_field].value_len;
     }
     if (r->minor_version == 1) r->keep_alive = !x->conn_close;
     else r->keep_alive = x->conn_keep_alive && !x->conn_close;
@@ -544,6 +542,7 @@ static void reset_request(sv_request *r)
     r->chunked = r->keep_alive = r->expect_continue = r->upgrade = 0;
     r->head_len = 0;
     r->num_headers = 0;
+    r->host_field = -1;
 }
 
 /* Skip up to SV_LEADING_CRLF_MAX empty lines. Returns 1 with *pos set to the

@@ -60,6 +60,7 @@ typedef struct {
     int keep_alive;          /* HTTP/1.1 unless "Connection: close"; HTTP/1.0 only with "Connection: keep-alive" */
     int expect_continue;     /* "Expect: 100-continue" */
     int upgrade;             /* an Upgrade header field is present */
+    int host_field;          /* index in headers of the Host field, -1 when there is none */
     size_t head_len;         /* bytes consumed, including the blank line (and any skipped leading CRLFs) */
     size_t num_headers;
     sv_header headers[SV_HEADERS_CAP]; /* every field except none: Host, Content-Length etc. are listed too */

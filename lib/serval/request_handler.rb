@@ -11,8 +11,10 @@ module Serval
   class RequestHandler
     RACK_INPUT = "rack.input"
     RACK_EARLY_HINTS = "rack.early_hints"
+    # HTTP_HOST: every HTTP/1.1 request has a Host (C takes the key out of
+    # an HTTP/1.0 request's env that has none)
     ALWAYS_SET = %w[REQUEST_METHOD PATH_INFO QUERY_STRING REQUEST_URI SERVER_PROTOCOL REMOTE_ADDR SERVER_NAME
-                    SERVER_PORT rack.input rack.hijack rack.response_finished rack.after_reply].freeze
+                    SERVER_PORT HTTP_HOST rack.input rack.hijack rack.response_finished rack.after_reply].freeze
 
     attr_reader :timing
 
