@@ -105,6 +105,7 @@ ssize_t sv_chunked_decode(sv_chunked *c, char *buf, size_t len, size_t *out_len,
 /* tchar (RFC 9110 5.6.2): the bytes of a token (method, field name); a
  * table lookup, inline (every byte of every field name goes through it). */
 extern const unsigned char sv_tchar_table[256];
+extern const unsigned char sv_regname_table[256]; /* reg-name bytes of a Host (RFC 3986), for test/c */
 static inline int sv_is_tchar(unsigned char c) { return sv_tchar_table[c]; }
 
 /* The reason phrase for a status code, "" when there is no standard one (status.c). */

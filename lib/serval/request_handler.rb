@@ -63,15 +63,16 @@ module Serval
       # ends the timing first (stats never lag the client), then sends the rest; the Timing of a
       # sampled request, else nil
       timing = request.finish
+      finished = true
       GVLTrace.note(timing, env) if timing && GVLTrace.recording
       log_access(env, status, started, timing) if @log_requests
       callbacks = request.callbacks
       run_callbacks(env, status, headers, error, *callbacks) if callbacks
     ensure
-      # Normally a no-op (finished or hijacked). When the thread was killed
-      # (a stop timeout) or anything above raised, the connection is closed
-      # instead of staying open with no one left to answer it.
-      request.abort
+      # When the thread was killed (a stop timeout) or anything before
+      # finish raised, the connection is closed instead of staying open with
+      # no one left to answer it. (After finish it would be a no-op.)
+      request.abort unless finished
       input.close if input && input.is_a?(File)
     end
 

@@ -770,9 +770,26 @@ static void test_tchar_table(void)
     }
 }
 
+/* The reg-name table against RFC 3986's unreserved / sub-delims, every byte. */
+static void test_regname_table(void)
+{
+    const char *specials = "-._~!$&'()*+,;=";
+    for (int c = 0; c < 256; c++) {
+        int alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+        int want = alnum || (c != 0 && strchr(specials, c) != NULL);
+        if (!!sv_regname_table[c] != want) {
+            fprintf(stderr, "reg-name table wrong for byte %d\n", c);
+            failed++;
+        } else {
+            passed++;
+        }
+    }
+}
+
 int main(void)
 {
     test_tchar_table();
+    test_regname_table();
     test_basic();
     test_prefixes();
     test_request_line();
