@@ -156,6 +156,17 @@ void sv_buf_free(sv_buf *b)
     b->len = b->off = 0;
 }
 
+/* Between requests of a keep-alive connection: an empty buffer of one pool
+ * block stays (the next request, a few microseconds away under load, needs
+ * it again; the loop's scan frees it once the connection has been idle
+ * SV_IDLE_RELEASE_MS); any other buffer is shrunk as by sv_buf_shrink. */
+void sv_buf_keep(sv_buf *b, size_t keep)
+{
+    if (b->len == 0 && b->data && b->cap == SV_POOL_BLOCK && b->pool)
+        return;
+    sv_buf_shrink(b, keep);
+}
+
 /* Give memory back after a request or response: an empty buffer is freed
  * whatever its size (a keep-alive connection waiting for its next request
  * then holds neither its read nor its output buffer; the next request

@@ -145,9 +145,9 @@ static void reset_request(sv_conn *c)
     c->spill_failed = 0;
     sv_buf_free(&c->body);
     sv_buf_consume_front(&c->in, c->consumed);
-    sv_buf_shrink(&c->in, SV_READ_MIN);
+    sv_buf_keep(&c->in, SV_READ_MIN);
     c->out.len = c->out.off = 0;
-    sv_buf_shrink(&c->out, SV_OUT_MIN);
+    sv_buf_keep(&c->out, SV_OUT_MIN);
     c->consumed = 0;
     c->has_request = 0;
     c->body_in_place = 0;
@@ -160,10 +160,24 @@ static void reset_request(sv_conn *c)
     c->head_written = 0;
     c->head_partial = 0;
     c->since = sv_now();
-    if (c->in.len == 0) { /* idle keep-alive: the parsed head (header slots) goes too; parse mallocs it */
-        sv_pool_put(&c->core->req_pool, c->req);
-        c->req = NULL;
-    }
+    /* the buffers and the parsed head (header slots) stay for the next
+     * request; an idle connection gives them back at the loop's next scan
+     * (sv_conn_release_idle) */
+}
+
+/* The loop (poll_mu held), for a connection it owns that waits for its next
+ * request with nothing buffered: its buffers and parsed head go back to the
+ * pools, so an idle keep-alive connection costs a few KB. */
+void sv_conn_release_idle(sv_conn *c)
+{
+    if (c->in.len > 0 || c->out.len > 0 || c->state != SV_ST_HEAD)
+        return;
+    if (c->in.data)
+        sv_buf_free(&c->in);
+    if (c->out.data)
+        sv_buf_free(&c->out);
+    sv_pool_put(&c->core->req_pool, c->req);
+    c->req = NULL;
 }
 
 int sv_conn_flush(sv_conn *c)

@@ -30,6 +30,7 @@
                                       * pipeline; an empty one is freed when the request ends */
 #define SV_LINGER_SECONDS 2.0        /* lingering close after an error response */
 #define SV_SCAN_INTERVAL_MS 50       /* timeout scan granularity */
+#define SV_IDLE_RELEASE_MS 50       /* a keep-alive connection idle this long gives its buffers back (loop.c scan) */
 #define SV_POLL_EVERY_MS 0.1         /* thread polls: a request thread polls at least this often (polls.c) */
 #define SV_YOUNG_MS 1                /* thread polls: a preempted request this young goes before the queue */
 #define SV_PARK_MS 2                 /* thread polls: the loop takes the epoll back after this long without a poll */
@@ -278,6 +279,7 @@ void sv_pool_destroy(sv_pool *p);
 void *sv_pool_get(sv_pool *p);           /* a block of p->size bytes (malloc when none is kept), or NULL */
 void sv_pool_put(sv_pool *p, void *blk); /* keep it, or free it when SV_POOL_MAX are kept */
 int sv_buf_reserve(sv_buf *b, size_t extra, size_t limit);
+void sv_buf_keep(sv_buf *b, size_t keep);    /* sv_buf_shrink, but an empty pool block stays */
 /* Also within `budget` bytes for all buffers sharing b->acct (to SV_OUT_MIN a buffer grows freely). */
 int sv_buf_reserve_budget(sv_buf *b, size_t extra, size_t limit, size_t budget);
 int sv_buf_append(sv_buf *b, const void *p, size_t n, size_t limit);
@@ -356,6 +358,7 @@ sv_next sv_conn_after_flush(sv_conn *c, int r, uint32_t *events);
  * back to the loop (or is closed). */
 void sv_conn_response_done(sv_conn *c);
 void sv_conn_give_to_loop_dead(sv_conn *c);
+void sv_conn_release_idle(sv_conn *c);         /* the loop: an idle connection's buffers go back to the pools */
 /* An unlinked temp file in tmpdir (O_TMPFILE, else mkostemp + unlink), mode 0600; or -1. */
 int sv_tmpfile(sv_core *core);
 /* Owner only: append to the response's spill file (opened on first use)
