@@ -4,9 +4,11 @@ require_relative "test_helper"
 require_relative "support/http_wire"
 
 # An idle keep-alive connection holds no output buffer (issue 12: an idle
-# connection should cost a few KB): the buffers a request used are freed
-# when it is answered, and the next request on the connection, or a
-# pipelined one already read, is served as before.
+# connection should cost a few KB): the buffers a request used are given
+# back once the connection has been idle SV_IDLE_RELEASE_MS (50 ms, the
+# loop's scan; a busy connection keeps them from one request to the next),
+# and the next request on the connection, or a pipelined one already read,
+# is served as before.
 class IdleBuffersTest < Minitest::Test
   include Serval::HttpWire
 
