@@ -6,7 +6,8 @@ require_relative "support/http_wire"
 # An idle keep-alive connection holds no output buffer (issue 12: an idle
 # connection should cost a few KB): the buffers a request used are given
 # back once the connection has been idle SV_IDLE_RELEASE_MS (50 ms, the
-# loop's scan; a busy connection keeps them from one request to the next),
+# loop's scan; with at most 256 connections open a busy connection keeps
+# them from one request to the next, with more they go back at once),
 # and the next request on the connection, or a pipelined one already read,
 # is served as before.
 class IdleBuffersTest < Minitest::Test

@@ -145,9 +145,19 @@ static void reset_request(sv_conn *c)
     c->spill_failed = 0;
     sv_buf_free(&c->body);
     sv_buf_consume_front(&c->in, c->consumed);
-    sv_buf_keep(&c->in, SV_READ_MIN);
     c->out.len = c->out.off = 0;
-    sv_buf_keep(&c->out, SV_OUT_MIN);
+    /* With few connections open the buffers and the parsed head stay for
+     * the next request (the loop's scan gives them back after
+     * SV_IDLE_RELEASE_MS idle: sv_conn_release_idle); with many, memory
+     * matters more than the pool round trip, and they go back now. */
+    int keep = atomic_load(&c->core->open) <= SV_KEEP_OPEN;
+    if (keep) {
+        sv_buf_keep(&c->in, SV_READ_MIN);
+        sv_buf_keep(&c->out, SV_OUT_MIN);
+    } else {
+        sv_buf_shrink(&c->in, SV_READ_MIN);
+        sv_buf_shrink(&c->out, SV_OUT_MIN);
+    }
     c->consumed = 0;
     c->has_request = 0;
     c->body_in_place = 0;
@@ -160,9 +170,10 @@ static void reset_request(sv_conn *c)
     c->head_written = 0;
     c->head_partial = 0;
     c->since = sv_now();
-    /* the buffers and the parsed head (header slots) stay for the next
-     * request; an idle connection gives them back at the loop's next scan
-     * (sv_conn_release_idle) */
+    if (!keep && c->in.len == 0) { /* the parsed head (header slots) goes too; parse takes one again */
+        sv_pool_put(&c->core->req_pool, c->req);
+        c->req = NULL;
+    }
 }
 
 /* The loop (poll_mu held), for a connection it owns that waits for its next

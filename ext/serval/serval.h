@@ -31,6 +31,7 @@
 #define SV_LINGER_SECONDS 2.0        /* lingering close after an error response */
 #define SV_SCAN_INTERVAL_MS 50       /* timeout scan granularity */
 #define SV_IDLE_RELEASE_MS 50       /* a keep-alive connection idle this long gives its buffers back (loop.c scan) */
+#define SV_KEEP_OPEN 256             /* connections open up to which one keeps its buffers between requests (conn.c) */
 #define SV_POLL_EVERY_MS 0.1         /* thread polls: a request thread polls at least this often (polls.c) */
 #define SV_YOUNG_MS 1                /* thread polls: a preempted request this young goes before the queue */
 #define SV_PARK_MS 2                 /* thread polls: the loop takes the epoll back after this long without a poll */
