@@ -809,9 +809,9 @@ static void scan_timeouts(sv_core *core, double now)
      * and an owner other than the loop is skipped. */
     for (size_t i = 0; i < core->nconns; i++) {
         sv_conn *c = core->conns[i];
-        if ((c->in.data || c->out.data || c->req) && atomic_load(&c->owner) == SV_OWN_LOOP &&
+        if (atomic_load(&c->owner) == SV_OWN_LOOP && (c->in.data || c->out.data || c->req) &&
             c->state == SV_ST_HEAD && now - c->since >= SV_IDLE_RELEASE_MS / 1000.0)
-            sv_conn_release_idle(c);
+            sv_conn_release_idle(c); /* owned by the loop: no other thread touches it now */
     }
     /* Below max_connections: accept again. At it: listen anyway, so that a
      * connection waiting in the backlog makes do_accept ask evict_slowest for
