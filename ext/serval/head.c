@@ -12,7 +12,6 @@ typedef struct {
     sv_conn *c;
     int has_cl, has_te, has_date, conn_close, hijack;
     int64_t app_cl;
-    VALUE headers;
 } head_ctx;
 
 static void out(sv_conn *c, const char *p, size_t n)
@@ -228,14 +227,13 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int fla
         rb_raise(sv_eBadResponse, "status %d is informational, not a final response", code);
     sv_core *core = c->core;
     const sv_request *r = c->req;
-    head_ctx x = {c, 0, 0, 0, 0, 0, -1, Qnil};
+    head_ctx x = {c, 0, 0, 0, 0, 0, -1};
     sv_head_rollback(c);
     /* Nothing of a bad head is sent: if anything below raises (a bad header,
      * a head too large), the partial head stays marked, and the next
      * write_head (the error answer) or finish takes it back out
      * (sv_head_rollback). No rb_protect per request. */
-    size_t mark = c->out.len;
-    c->head_mark = mark;
+    c->head_mark = c->out.len;
     c->head_partial = 1;
     char line[64];
     int n;
@@ -243,7 +241,6 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int fla
     if (!NIL_P(headers)) {
         if (!RB_TYPE_P(headers, T_HASH))
             headers = rb_convert_type(headers, T_HASH, "Hash", "to_hash");
-        x.headers = headers;
         rb_hash_foreach(headers, header_i, (VALUE)&x);
         if (x.hijack && (flags & SV_HEAD_NO_HIJACK)) {
             sv_head_rollback(c);

@@ -435,6 +435,15 @@ static void *done_nogvl(void *p)
     return NULL;
 }
 
+/* The request's timing ends, if it began (once: sv_tm_end ignores a second
+ * call); the sampled request's Timing, or nil. */
+static VALUE timing_end(sv_req *r)
+{
+    if (r->tm_cur)
+        sv_tm_end(r->tm_cur);
+    return r->tm_obj;
+}
+
 /* finish: the request's timing ends (when it began: before the client can
  * see the response, so stats never lag it), then what is left of the
  * response goes out and the connection goes back to the loop (a no-op
@@ -442,11 +451,10 @@ static void *done_nogvl(void *p)
 static VALUE req_finish(VALUE self)
 {
     sv_req *r = get(self);
-    if (r->tm_cur)
-        sv_tm_end(r->tm_cur);
+    VALUE timing = timing_end(r);
     sv_conn *c = r->conn;
     if (!c)
-        return r->tm_obj;
+        return timing;
     sv_head_rollback(c); /* a head that raised midway is not sent */
     if (c->mode == SV_MODE_CHUNKED)
         append_body(self, c, "0\r\n\r\n", 5);
@@ -458,7 +466,7 @@ static VALUE req_finish(VALUE self)
         sv_conn_response_done(c);
     else
         rb_thread_call_without_gvl(done_nogvl, c, RUBY_UBF_IO, NULL);
-    return r->tm_obj;
+    return timing;
 }
 
 static VALUE req_abort(VALUE self)
@@ -560,10 +568,7 @@ static VALUE req_start(VALUE self, VALUE tmpl, VALUE every)
 
 static VALUE req_timing_end(VALUE self)
 {
-    sv_req *r = get(self);
-    if (r->tm_cur)
-        sv_tm_end(r->tm_cur);
-    return r->tm_obj;
+    return timing_end(get(self));
 }
 
 double sv_request_queued_at(VALUE self)
