@@ -270,4 +270,41 @@ class TimingTest < Minitest::Test
     e = assert_raises(NotImplementedError) { Serval::GVLTrace.record(0.1) }
     assert_match(/Ruby 3\.2\+/, e.message)
   end
+
+  # An unsampled request's record lives in its connection; a request whose
+  # connection leaves it before #finish (a full hijack; an abort when the
+  # client has gone) keeps its timing running until #finish, as a sampled one
+  # does: the 50 ms the app sleeps after the hijack, and the 50 ms its body's
+  # close sleeps after the abort, are in the idle time.
+  def test_timing_outlives_a_hijacked_or_aborted_connection
+    skip "needs the GVL hook (Ruby 3.2+)" unless Serval::Native::GVL.supported?
+    done = Queue.new
+    app = lambda do |env|
+      env["rack.response_finished"] << ->(*) { done << env["PATH_INFO"] }
+      case env["PATH_INFO"]
+      when "/hijack"
+        io = env["rack.hijack"].call
+        io.write("HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nhi")
+        io.close
+        sleep 0.05
+        [200, {}, []]
+      when "/abort"
+        sleep 0.1 # the client is gone by now: the writes below fail
+        chunk = "x" * 65_536
+        body = Object.new
+        body.define_singleton_method(:each) { |&blk| 128.times { blk.call(chunk) } }
+        body.define_singleton_method(:close) { sleep 0.05 }
+        [200, { "content-length" => (chunk.bytesize * 128).to_s }, body]
+      end
+    end
+    with_server(app, lint: false, timing_sample_rate: 0.0) do |server, port|
+      assert_equal "hi", http(port, "GET /hijack HTTP/1.1\r\nHost: x\r\n\r\n").body
+      assert_equal "/hijack", done.pop
+      TCPSocket.open("127.0.0.1", port) { |s| s.write("GET /abort HTTP/1.1\r\nHost: x\r\n\r\n") }
+      assert_equal "/abort", done.pop
+      timing = server.stats[:timing]
+      assert_equal 2, timing["run_seconds"][:count]
+      assert_operator timing["idle_seconds"][:sum], :>=, 0.19, "0.05 + 0.1 + 0.05 s asleep"
+    end
+  end
 end

@@ -92,46 +92,6 @@ static VALUE header_key_build(const char *name, size_t len)
     return key;
 }
 
-void sv_init_env(void)
-{
-    static const char *slot_names[E_SLOTS] = {
-        [E_METHOD] = "REQUEST_METHOD", [E_PATH] = "PATH_INFO", [E_QUERY] = "QUERY_STRING",
-        [E_URI] = "REQUEST_URI", [E_PROTO] = "SERVER_PROTOCOL", [E_REMOTE] = "REMOTE_ADDR",
-        [E_NAME] = "SERVER_NAME", [E_PORT] = "SERVER_PORT", [E_HOST] = "HTTP_HOST", [E_HIJACK] = "rack.hijack",
-        [E_FINISHED] = "rack.response_finished", [E_AFTER] = "rack.after_reply",
-    };
-    for (int i = 0; i < E_SLOTS; i++) {
-        slot_keys[i] = fstr(slot_names[i]);
-        slot_table_add(slot_keys[i], i);
-    }
-    for (int i = 0; common_methods[i]; i++)
-        method_keys[i] = fstr(common_methods[i]);
-    v_80 = sv_strcache_get("80", 2);
-    v_443 = sv_strcache_get("443", 3);
-    rb_gc_register_mark_object(v_80);
-    rb_gc_register_mark_object(v_443);
-    k_ctype = fstr("CONTENT_TYPE");
-    k_clen = fstr("CONTENT_LENGTH");
-    k_cookie = fstr("HTTP_COOKIE");
-    k_xrs = fstr("HTTP_X_REQUEST_START");
-    k_xqs = fstr("HTTP_X_QUEUE_START");
-    k_upgrade = fstr("HTTP_UPGRADE");
-    k_protocol = fstr("rack.protocol");
-    v_http10 = fstr("HTTP/1.0");
-    v_http11 = fstr("HTTP/1.1");
-    k_scheme = fstr("rack.url_scheme");
-    k_https = fstr("HTTPS");
-    v_https = fstr("https");
-    v_on = fstr("on");
-    re_list = rb_reg_new_str(rb_str_new_cstr("\\s*,\\s*"), 0);
-    rb_obj_freeze(re_list);
-    rb_gc_register_mark_object(re_list);
-    for (int i = 0; common_headers[i] && i < SV_COMMON_MAX; i++) {
-        common_lens[i] = strlen(common_headers[i]);
-        common_keys[i] = header_key_build(common_headers[i], common_lens[i]);
-        rb_gc_register_mark_object(common_keys[i]);
-    }
-}
 
 static int name_is(const char *name, size_t len, const char *lower, size_t llen)
 {
@@ -168,10 +128,18 @@ static VALUE bin(const char *p, size_t n)
 /* REQUEST_METHOD's value */
 static VALUE method_str(const char *m, size_t n)
 {
-    for (int i = 0; common_methods[i]; i++)
-        if (strlen(common_methods[i]) == n && memcmp(common_methods[i], m, n) == 0)
-            return method_keys[i];
-    return rb_enc_interned_str(m, (long)n, rb_utf8_encoding());
+    int i = -1; /* common_methods' index, by length first */
+    if (n == 3)
+        i = memcmp(m, "GET", 3) == 0 ? 0 : memcmp(m, "PUT", 3) == 0 ? 3 : -1;
+    else if (n == 4)
+        i = memcmp(m, "POST", 4) == 0 ? 1 : memcmp(m, "HEAD", 4) == 0 ? 2 : -1;
+    else if (n == 6)
+        i = memcmp(m, "DELETE", 6) == 0 ? 4 : -1;
+    else if (n == 5)
+        i = memcmp(m, "PATCH", 5) == 0 ? 5 : -1;
+    else if (n == 7)
+        i = memcmp(m, "OPTIONS", 7) == 0 ? 6 : -1;
+    return i >= 0 ? method_keys[i] : rb_enc_interned_str(m, (long)n, rb_utf8_encoding());
 }
 
 /* st_update callback for one header field: a new key takes the String made
@@ -285,6 +253,54 @@ static int fill_replace(st_data_t *key, st_data_t *value, st_data_t arg, int exi
     return ST_CONTINUE;
 }
 
+/* The same pass without st_foreach_with_replace's generic machinery (a
+ * callback pair per entry, rebuild checks): straight over the copy's entry
+ * array. st.c keeps the entry type private; its layout (hash, key, record,
+ * unchanged since Ruby 2.4) is checked once at load (entry_layout_ok) on a
+ * table of known keys and values, and the generic pass is used when the
+ * check fails. A deleted entry keeps its key with the reserved hash value. */
+typedef struct {
+    st_data_t hash, key, record;
+} entry_view;
+
+static int layout_ok;          /* the layout check passed */
+static int direct_fill;        /* fill_entries in use (layout_ok, unless a test chose the generic pass) */
+
+static int entry_layout_ok(void)
+{
+    enum { N = 20 };
+    VALUE h = rb_hash_new(), keys[N], vals[N];
+    for (int i = 0; i < N; i++) {
+        keys[i] = rb_obj_freeze(rb_sprintf("serval-layout-%d", i));
+        vals[i] = INT2FIX(i * 3 + 1);
+        rb_hash_aset(h, keys[i], vals[i]);
+    }
+    st_table *tbl = RHASH_TBL(h);
+    const entry_view *e = (const entry_view *)tbl->entries;
+    int ok = tbl->entries_start == 0 && tbl->entries_bound == N && tbl->num_entries == N;
+    for (int i = 0; ok && i < N; i++) {
+        VALUE k = (VALUE)e[i].key;
+        ok = e[i].hash != (st_data_t)~(st_data_t)0 && (k == keys[i] || rb_str_equal(k, keys[i]) == Qtrue) &&
+             (VALUE)e[i].record == vals[i];
+    }
+    RB_GC_GUARD(h);
+    return ok;
+}
+
+static void fill_entries(st_table *tbl, env_fill *f)
+{
+    entry_view *e = (entry_view *)tbl->entries;
+    for (st_index_t j = tbl->entries_start; j < tbl->entries_bound && f->filled != (1u << E_SLOTS) - 1; j++) {
+        if (e[j].hash == (st_data_t)~(st_data_t)0)
+            continue; /* deleted */
+        int i = slot_of((VALUE)e[j].key);
+        if (i < 0 || (f->filled & (1u << i)))
+            continue;
+        e[j].record = (st_data_t)f->val[i];
+        f->filled |= 1u << i;
+    }
+}
+
 /* Builds the env of c's request from the frozen template: the CGI keys,
  * the HTTP_* headers, rack.hijack (hijack: the Request itself), and new
  * rack.response_finished / rack.after_reply Arrays (returned in *finished,
@@ -316,7 +332,10 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE 
     /* RHASH_TBL makes env write-barrier unprotected, so the GC rescans it
      * and values stored straight into its table are safe */
     st_table *tbl = RHASH_TBL(env);
-    st_foreach_with_replace(tbl, fill_check, fill_replace, (st_data_t)&f);
+    if (direct_fill)
+        fill_entries(tbl, &f);
+    else
+        st_foreach_with_replace(tbl, fill_check, fill_replace, (st_data_t)&f);
     for (int i = 0; i < E_SLOTS; i++)
         if (!(f.filled & (1u << i)) && !(i == E_HOST && !host))
             rb_hash_aset(env, slot_keys[i], f.val[i]);
@@ -336,4 +355,69 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE 
             rb_hash_aset(env, k_protocol, rb_funcall(up, rb_intern("split"), 1, re_list));
     }
     return env;
+}
+
+void sv_init_env(void)
+{
+    static const char *slot_names[E_SLOTS] = {
+        [E_METHOD] = "REQUEST_METHOD", [E_PATH] = "PATH_INFO", [E_QUERY] = "QUERY_STRING",
+        [E_URI] = "REQUEST_URI", [E_PROTO] = "SERVER_PROTOCOL", [E_REMOTE] = "REMOTE_ADDR",
+        [E_NAME] = "SERVER_NAME", [E_PORT] = "SERVER_PORT", [E_HOST] = "HTTP_HOST", [E_HIJACK] = "rack.hijack",
+        [E_FINISHED] = "rack.response_finished", [E_AFTER] = "rack.after_reply",
+    };
+    for (int i = 0; i < E_SLOTS; i++) {
+        slot_keys[i] = fstr(slot_names[i]);
+        slot_table_add(slot_keys[i], i);
+    }
+    for (int i = 0; common_methods[i]; i++)
+        method_keys[i] = fstr(common_methods[i]);
+    v_80 = sv_strcache_get("80", 2);
+    v_443 = sv_strcache_get("443", 3);
+    rb_gc_register_mark_object(v_80);
+    rb_gc_register_mark_object(v_443);
+    k_ctype = fstr("CONTENT_TYPE");
+    k_clen = fstr("CONTENT_LENGTH");
+    k_cookie = fstr("HTTP_COOKIE");
+    k_xrs = fstr("HTTP_X_REQUEST_START");
+    k_xqs = fstr("HTTP_X_QUEUE_START");
+    k_upgrade = fstr("HTTP_UPGRADE");
+    k_protocol = fstr("rack.protocol");
+    v_http10 = fstr("HTTP/1.0");
+    v_http11 = fstr("HTTP/1.1");
+    k_scheme = fstr("rack.url_scheme");
+    k_https = fstr("HTTPS");
+    v_https = fstr("https");
+    v_on = fstr("on");
+    re_list = rb_reg_new_str(rb_str_new_cstr("\\s*,\\s*"), 0);
+    rb_obj_freeze(re_list);
+    rb_gc_register_mark_object(re_list);
+    for (int i = 0; common_headers[i] && i < SV_COMMON_MAX; i++) {
+        common_lens[i] = strlen(common_headers[i]);
+        common_keys[i] = header_key_build(common_headers[i], common_lens[i]);
+        rb_gc_register_mark_object(common_keys[i]);
+    }
+    layout_ok = entry_layout_ok();
+    direct_fill = layout_ok;
+}
+
+/* Serval::Native.env_fill: :direct (the entry array) or :generic
+ * (st_foreach_with_replace); env_fill= picks one (tests run both), :direct
+ * only where the layout check passed. */
+static VALUE env_fill_get(VALUE mod)
+{
+    (void)mod;
+    return ID2SYM(rb_intern(direct_fill ? "direct" : "generic"));
+}
+
+static VALUE env_fill_set(VALUE mod, VALUE mode)
+{
+    (void)mod;
+    direct_fill = layout_ok && SYM2ID(rb_to_symbol(mode)) == rb_intern("direct");
+    return env_fill_get(mod);
+}
+
+void sv_define_env_fill(VALUE mNative)
+{
+    rb_define_module_function(mNative, "env_fill", env_fill_get, 0);
+    rb_define_module_function(mNative, "env_fill=", env_fill_set, 1);
 }

@@ -8,7 +8,6 @@
 #include <sys/epoll.h>
 #include <ruby.h>
 #include <ruby/thread.h>
-#include <ruby/version.h>
 #include "serval_ruby.h"
 #include "transport.h"
 
@@ -20,8 +19,8 @@ typedef struct {
     VALUE core_obj;
     sv_core *core;
     sv_conn *conn;      /* NULL once finished, hijacked or aborted */
-    sv_tm tm;           /* timing of an unsampled request: no allocation */
-    sv_tm *tm_cur;      /* &tm, or the record inside tm_obj */
+    sv_tm *tm_cur;      /* the running timing: &conn->tm (unsampled), tm_obj's record or tm_own; NULL once ended */
+    sv_tm *tm_own;      /* an unsampled timing that outlived its connection (detach_timing), or NULL */
     VALUE tm_obj;       /* env["serval.timing"] of a sampled request, or Qnil */
     VALUE env;          /* the env #env built (for #call), or Qnil */
     VALUE finished;     /* its rack.response_finished Array, or Qnil */
@@ -46,13 +45,7 @@ static void ended(sv_req *r)
  * the free to run during the GC's sweep (RUBY_TYPED_FREE_IMMEDIATELY):
  * req_free never gives up the GVL, and core->mu, which it may take for an
  * abandoned connection, is never held by code that allocates Ruby objects. */
-#if defined(RUBY_API_VERSION_CODE) && RUBY_API_VERSION_CODE >= 30300
-#define SV_EMBED 1
-#define SV_TYPED_EMBEDDABLE RUBY_TYPED_EMBEDDABLE
-#else
-#define SV_EMBED 0
-#define SV_TYPED_EMBEDDABLE 0
-#endif
+/* (SV_EMBED, SV_TYPED_EMBEDDABLE: serval_ruby.h) */
 
 static void req_mark(void *p)
 {
@@ -68,6 +61,7 @@ static void req_mark(void *p)
 static void req_free(void *p)
 {
     sv_req *r = p;
+    xfree(r->tm_own);
     if (r->conn) /* abandoned without finish: close it */
         sv_conn_give_to_loop_dead(r->conn);
     if (r->core) {
@@ -435,13 +429,27 @@ static void *done_nogvl(void *p)
     return NULL;
 }
 
-/* The request's timing ends, if it began (once: sv_tm_end ignores a second
- * call); the sampled request's Timing, or nil. */
+/* The request's timing ends, if it began (once); the sampled request's
+ * Timing, or nil. An unsampled record lives in the connection, which the
+ * next request reuses: tm_cur lets go of it here. */
 static VALUE timing_end(sv_req *r)
 {
-    if (r->tm_cur)
+    if (r->tm_cur) {
         sv_tm_end(r->tm_cur);
+        r->tm_cur = NULL;
+    }
     return r->tm_obj;
+}
+
+/* The connection leaves the request before #finish (abort, hijack): a
+ * running unsampled timing moves out of it, to end at #finish as before. */
+static void detach_timing(sv_req *r)
+{
+    if (r->conn && r->tm_cur == &r->conn->tm) {
+        r->tm_own = ALLOC(sv_tm);
+        *r->tm_own = r->conn->tm;
+        r->tm_cur = r->tm_own;
+    }
 }
 
 /* finish: the request's timing ends (when it began: before the client can
@@ -473,6 +481,7 @@ static VALUE req_abort(VALUE self)
 {
     sv_req *r = get(self);
     if (r->conn) {
+        detach_timing(r);
         sv_conn_give_to_loop_dead(r->conn);
         r->conn = NULL;
     }
@@ -491,6 +500,7 @@ static VALUE req_hijack(VALUE self)
     epoll_ctl(c->core->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     int fd = c->fd;
     c->fd = -1;
+    detach_timing(r);
     r->conn = NULL;
     ended(r);
     sv_conn_give_to_loop_dead(c);
@@ -543,8 +553,12 @@ static VALUE timing_begin(VALUE self, sv_req *r, VALUE env, VALUE every)
     if (detailed) {
         RB_OBJ_WRITE(self, &r->tm_obj, sv_timing_new(&r->tm_cur));
         rb_hash_aset(env, sv_timing_env_key(), r->tm_obj);
-    } else {
-        r->tm_cur = &r->tm;
+    } else if (r->conn) {
+        r->tm_cur = &r->conn->tm;
+    } else { /* no connection left (a test's late call): a record of its own */
+        if (!r->tm_own)
+            r->tm_own = ALLOC(sv_tm);
+        r->tm_cur = r->tm_own;
     }
     sv_tm_begin(r->tm_cur, queued_at, env, detailed, r->upstream != 0);
     return r->tm_obj;

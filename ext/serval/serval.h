@@ -116,6 +116,18 @@ typedef struct {
     int ready;
 } sv_errlog;
 
+/* One request's timing record (ext/serval/timing.c). */
+typedef struct {
+    uint64_t start_ns, end_ns;
+    uint64_t cpu0, cpu1;         /* thread CPU ns; valid when has_cpu */
+    uint64_t gc0, gc1;           /* GC.total_time ns */
+    uint64_t gvl0[4], gvl1[4];   /* run, idle, stall ns, idle periods; valid when has_gvl */
+    uint64_t pw0[4], pw1[4];     /* pool wait: wall, run, idle, stall ns; valid when has_pool */
+    double queue;
+    double upstream;             /* NaN when no header */
+    int has_cpu, has_gc, has_gvl, has_pool, finished;
+} sv_tm;
+
 typedef struct sv_conn {
     int kind;
     int fd;
@@ -171,6 +183,8 @@ typedef struct sv_conn {
     int head_written;            /* write_head succeeded for the current request */
     int head_partial;            /* write_head raised midway: out holds a partial head from head_mark on */
     size_t head_mark;
+
+    sv_tm tm;                    /* the timing of its current request when not sampled (request.c) */
 } sv_conn;
 
 typedef struct {

@@ -19,6 +19,7 @@ void Init_serval_ext(void)
     rb_gc_register_mark_object(sv_eBadResponse);
     sv_init_strcache();
     sv_init_env();
+    sv_define_env_fill(mNative);
     sv_init_core(mNative);
     sv_init_balance();
     sv_init_request(mNative);

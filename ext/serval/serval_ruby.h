@@ -3,6 +3,17 @@
 #define SERVAL_RUBY_H
 
 #include <ruby.h>
+#include <ruby/version.h>
+
+/* Ruby 3.3+: a typed object's struct can live inside the object's own slot
+ * (RUBY_TYPED_EMBEDDABLE): no calloc and no free per object. */
+#if defined(RUBY_API_VERSION_CODE) && RUBY_API_VERSION_CODE >= 30300
+#define SV_EMBED 1
+#define SV_TYPED_EMBEDDABLE RUBY_TYPED_EMBEDDABLE
+#else
+#define SV_EMBED 0
+#define SV_TYPED_EMBEDDABLE 0
+#endif
 #include "serval.h"
 
 extern VALUE sv_cCore, sv_cRequest, sv_eConnectionError, sv_eWriteTimeout, sv_eBadResponse;
@@ -15,22 +26,12 @@ void sv_init_core(VALUE mNative);
 void sv_init_balance(void);
 void sv_init_request(VALUE mNative);
 void sv_init_env(void);
+void sv_define_env_fill(VALUE mNative);
 void sv_init_strcache(void);
 VALUE sv_strcache_get(const char *p, size_t n);
 void sv_init_tls(VALUE mNative);
 void *sv_tls_ctx_get(VALUE tls_context);
 VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE *after, int *upstream);
-/* One request's timing record (ext/serval/timing.c). */
-typedef struct {
-    uint64_t start_ns, end_ns;
-    uint64_t cpu0, cpu1;         /* thread CPU ns; valid when has_cpu */
-    uint64_t gc0, gc1;           /* GC.total_time ns */
-    uint64_t gvl0[4], gvl1[4];   /* run, idle, stall ns, idle periods; valid when has_gvl */
-    uint64_t pw0[4], pw1[4];     /* pool wait: wall, run, idle, stall ns; valid when has_pool */
-    double queue;
-    double upstream;             /* NaN when no header */
-    int has_cpu, has_gc, has_gvl, has_pool, finished;
-} sv_tm;
 
 void sv_tm_begin(sv_tm *t, double queued_at, VALUE env, int detailed, int upstream);
 void sv_tm_end(sv_tm *t);
