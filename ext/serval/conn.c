@@ -138,7 +138,7 @@ void sv_conn_free(sv_conn *c)
 }
 
 /* Forget the request that was just answered; keep pipelined bytes. */
-static void reset_request(sv_conn *c)
+static void reset_request(sv_conn *c, double now)
 {
     close_if_open(&c->body_fd);
     file_done(c);
@@ -169,7 +169,7 @@ static void reset_request(sv_conn *c)
     c->close_after = 0;
     c->head_written = 0;
     c->head_partial = 0;
-    c->since = sv_now();
+    c->since = now > 0 ? now : sv_now();
     if (!keep && c->in.len == 0) { /* the parsed head (header slots) goes too; parse takes one again */
         sv_pool_put(&c->core->req_pool, c->req);
         c->req = NULL;
@@ -208,7 +208,7 @@ static sv_next wait_for(sv_conn *c, int state, double deadline, uint32_t want, u
     return SV_NEXT_WAIT;
 }
 
-sv_next sv_conn_after_flush(sv_conn *c, int r, uint32_t *events)
+sv_next sv_conn_after_flush(sv_conn *c, int r, uint32_t *events, double now)
 {
     sv_core *core = c->core;
     const sv_options *o = &core->opt;
@@ -225,7 +225,7 @@ sv_next sv_conn_after_flush(sv_conn *c, int r, uint32_t *events)
         c->in.len = 0;
         return wait_for(c, SV_ST_LINGER, sv_now() + SV_LINGER_SECONDS, EPOLLIN, events);
     }
-    reset_request(c); /* sets c->since: the next request's deadline counts from it */
+    reset_request(c, now); /* sets c->since: the next request's deadline counts from it */
     if (c->in.len > 0) { /* pipelined: the next head is already here */
         c->state = SV_ST_HEAD;
         c->deadline = c->since + o->read_timeout;
@@ -286,10 +286,10 @@ static void hand_to_loop(sv_conn *c, uint32_t events)
 }
 
 /* Ruby side, without the GVL: the application finished its response. */
-void sv_conn_response_done(sv_conn *c)
+void sv_conn_response_done(sv_conn *c, double now)
 {
     uint32_t events = 0;
-    switch (sv_conn_after_flush(c, sv_conn_flush(c), &events)) {
+    switch (sv_conn_after_flush(c, sv_conn_flush(c), &events, now)) {
     case SV_NEXT_CLOSE: sv_conn_give_to_loop_dead(c); break;
     case SV_NEXT_PARSE: hand_to_loop(c, 0); break;
     case SV_NEXT_WAIT: hand_to_loop(c, events); break;

@@ -273,7 +273,7 @@ static int nothing_more(sv_core *core)
     return core->stopping || (core->draining && atomic_load(&core->partial) == 0);
 }
 
-static sv_conn *pop_locked(sv_core *core)
+static sv_conn *pop_locked(sv_core *core, double now)
 {
     sv_conn *c = core->q_head;
     if (c) {
@@ -285,7 +285,7 @@ static sv_conn *pop_locked(sv_core *core)
         if (core->opt.max_queue_time > 0) /* load shedding measures the queue (shed.h) */
             sv_shed_taken(&core->shed, sv_now(), c->queued_at, c->q_ahead);
         if (core->polls_on) /* counted from here: a thread waiting for the GVL with it is running */
-            sv_polls_took(core);
+            sv_polls_took(core, now);
     }
     return c;
 }
@@ -341,7 +341,7 @@ static void *wait_nogvl(void *p)
     core->waiting--;
     if (atomic_load(&core->duty) && core->q_head && !nothing_more(core))
         a->retry = 1; /* take it with the GVL (core_next): not hold it while others run */
-    else if ((a->got = pop_locked(core)) && core->polls_on)
+    else if ((a->got = pop_locked(core, 0)) && core->polls_on)
         atomic_fetch_add(&core->unstarted, 1); /* until this thread has the GVL (polls.c) */
     pthread_mutex_unlock(&core->mu);
     pthread_cond_destroy(&w.cv);
@@ -360,10 +360,10 @@ static void wait_ubf(void *p)
     pthread_mutex_unlock(&a->core->mu);
 }
 
-static sv_conn *pop(sv_core *core)
+static sv_conn *pop(sv_core *core, double now)
 {
     pthread_mutex_lock(&core->mu);
-    sv_conn *c = pop_locked(core);
+    sv_conn *c = pop_locked(core, now);
     pthread_mutex_unlock(&core->mu);
     return c;
 }
@@ -386,10 +386,11 @@ static VALUE core_next(VALUE self, VALUE timeout)
     a.yielding = sv_polls_yield(core);
     for (;;) {
         if (!a.yielding) {
-            int polled = sv_polls_poll(core, !core->q_head); /* q_head read unlocked: a hint */
-            a.got = pop(core); /* fast path: keep the GVL when work is waiting */
-            if (!a.got && !polled && sv_polls_poll(core, 1))
-                a.got = pop(core);
+            double now = 0; /* one clock read for the poll and the take */
+            int polled = sv_polls_poll(core, !core->q_head, &now); /* q_head read unlocked: a hint */
+            a.got = pop(core, now); /* fast path: keep the GVL when work is waiting */
+            if (!a.got && !polled && sv_polls_poll(core, 1, &now))
+                a.got = pop(core, now);
             if (a.got)
                 break;
         }

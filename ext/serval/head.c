@@ -154,14 +154,15 @@ static int header_i(VALUE key, VALUE val, VALUE arg)
         return ST_CONTINUE;
     }
     check_name(name, nlen);
-    if (ieq(name, nlen, "content-length")) {
+    /* the four names the server acts on, told apart by length first */
+    if (nlen == 14 && ieq(name, nlen, "content-length")) {
         x->has_cl = 1;
         x->app_cl = parse_length(val);
-    } else if (ieq(name, nlen, "transfer-encoding")) {
+    } else if (nlen == 17 && ieq(name, nlen, "transfer-encoding")) {
         x->has_te = 1;
-    } else if (ieq(name, nlen, "date")) {
+    } else if (nlen == 4 && ieq(name, nlen, "date")) {
         x->has_date = 1;
-    } else if (ieq(name, nlen, "connection")) {
+    } else if (nlen == 10 && ieq(name, nlen, "connection")) {
         VALUE s = RB_TYPE_P(val, T_ARRAY) ? rb_ary_join(val, rb_str_new_cstr(",")) : val;
         if (RB_TYPE_P(s, T_STRING) && has_close_token(RSTRING_PTR(s), RSTRING_LEN(s)))
             x->conn_close = 1;

@@ -284,7 +284,7 @@ static int evict_slowest(sv_core *core, double now)
 static void wrote(sv_conn *c, int r)
 {
     uint32_t events = 0;
-    switch (sv_conn_after_flush(c, r, &events)) {
+    switch (sv_conn_after_flush(c, r, &events, 0)) {
     case SV_NEXT_CLOSE: conn_destroy(c); break;
     case SV_NEXT_PARSE: sv_loop_process_input(c); break;
     case SV_NEXT_WAIT: sv_loop_arm(c, events); break;

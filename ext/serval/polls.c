@@ -123,10 +123,11 @@ void sv_polls_hand_back_locked(sv_core *core)
     pthread_cond_signal(&core->park_cv); /* the parked loop thread waits on the epoll again */
 }
 
-void sv_polls_took(sv_core *core)
+void sv_polls_took(sv_core *core, double now)
 {
     atomic_fetch_add(&core->running, 1);
-    double now = sv_now();
+    if (now <= 0)
+        now = sv_now();
     atomic_store(&core->last_take, now);
     held_since = now;
     held_core = core;
@@ -150,17 +151,21 @@ void sv_polls_done(sv_core *core)
 
 /* With the GVL: without it a thread that waits for the GVL would overtake
  * this one; the round is short and never waits (timeout 0). */
-int sv_polls_poll(sv_core *core, int queue_empty)
+int sv_polls_poll(sv_core *core, int queue_empty, double *now)
 {
     if (!core->polls_on || !atomic_load(&core->duty))
         return 0;
-    if (!queue_empty && sv_now() - atomic_load(&core->last_poll) <= SV_POLL_EVERY_MS / 1000.0)
-        return 0;
+    if (!queue_empty) {
+        *now = sv_now();
+        if (*now - atomic_load(&core->last_poll) <= SV_POLL_EVERY_MS / 1000.0)
+            return 0;
+    }
     if (pthread_mutex_trylock(&core->poll_mu) != 0)
         return 0; /* the loop thread has the epoll, or another thread polls */
     int ran = atomic_load(&core->duty);
     if (ran) {
         sv_loop_poll(core, 0);
+        *now = atomic_load(&core->last_poll); /* the round's start */
         atomic_fetch_add(&core->polled_rounds, 1);
     }
     pthread_mutex_unlock(&core->poll_mu);

@@ -425,17 +425,19 @@ static VALUE req_sendfile(VALUE self, VALUE fd, VALUE offset, VALUE length)
 
 static void *done_nogvl(void *p)
 {
-    sv_conn_response_done(p);
+    sv_conn_response_done(p, 0);
     return NULL;
 }
 
 /* The request's timing ends, if it began (once); the sampled request's
  * Timing, or nil. An unsampled record lives in the connection, which the
  * next request reuses: tm_cur lets go of it here. */
-static VALUE timing_end(sv_req *r)
+static VALUE timing_end(sv_req *r, double *ended)
 {
     if (r->tm_cur) {
         sv_tm_end(r->tm_cur);
+        if (ended)
+            *ended = (double)r->tm_cur->end_ns / 1e9;
         r->tm_cur = NULL;
     }
     return r->tm_obj;
@@ -459,7 +461,8 @@ static void detach_timing(sv_req *r)
 static VALUE req_finish(VALUE self)
 {
     sv_req *r = get(self);
-    VALUE timing = timing_end(r);
+    double end_at = 0; /* the timing's end: the clock for the connection's keep-alive wait, read once */
+    VALUE timing = timing_end(r, &end_at);
     sv_conn *c = r->conn;
     if (!c)
         return timing;
@@ -471,7 +474,7 @@ static VALUE req_finish(VALUE self)
     r->conn = NULL;
     ended(r);
     if (pending(c) <= SV_FINISH_INLINE)
-        sv_conn_response_done(c);
+        sv_conn_response_done(c, end_at);
     else
         rb_thread_call_without_gvl(done_nogvl, c, RUBY_UBF_IO, NULL);
     return timing;
@@ -582,7 +585,7 @@ static VALUE req_start(VALUE self, VALUE tmpl, VALUE every)
 
 static VALUE req_timing_end(VALUE self)
 {
-    return timing_end(get(self));
+    return timing_end(get(self), NULL);
 }
 
 double sv_request_queued_at(VALUE self)

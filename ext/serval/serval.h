@@ -324,11 +324,13 @@ void sv_wake_dispatched(sv_core *core);
 void sv_polls_start(sv_core *core);          /* Core#start: decides core->thread_polls, installs the hook */
 /* core->mu held: the loop thread takes its epoll back (ends the duty, unparks it) */
 void sv_polls_hand_back_locked(sv_core *core);
-void sv_polls_took(sv_core *core);           /* Core#next took a request (core->mu held, polls on): core->running */
+void sv_polls_took(sv_core *core, double now); /* Core#next took a request (core->mu held, polls on): core->running;
+                                                * now: a clock read moments ago, or 0 */
 void sv_polls_done(sv_core *core);           /* that request ended (finish, abort, hijack, GC) */
 /* Core#next, GVL held: runs a round of the loop's events when the loop is
- * parked and the queue is empty or the last round SV_POLL_EVERY_MS old; 1 if it ran one */
-int sv_polls_poll(sv_core *core, int queue_empty);
+ * parked and the queue is empty or the last round SV_POLL_EVERY_MS old; 1 if it ran one.
+ * *now: the clock it read (the round's start, or the check's), for the take that follows */
+int sv_polls_poll(sv_core *core, int queue_empty, double *now);
 /* Core#next, without the GVL, core->mu not held: a thread with nothing to
  * do waits on the epoll itself, at most SV_PARK_MS; 1 if it ran that round */
 int sv_polls_wait(sv_core *core);
@@ -368,10 +370,11 @@ int sv_conn_flush(sv_conn *c);
  * already buffered, or waits for *events (the rest of the response, a
  * lingering close, or the next request); c->state and c->deadline are set. */
 typedef enum { SV_NEXT_CLOSE, SV_NEXT_PARSE, SV_NEXT_WAIT } sv_next;
-sv_next sv_conn_after_flush(sv_conn *c, int r, uint32_t *events);
+/* now: the clock read moments ago, or 0 (read it when needed) */
+sv_next sv_conn_after_flush(sv_conn *c, int r, uint32_t *events, double now);
 /* Ruby side, without the GVL: the response is complete; the connection goes
- * back to the loop (or is closed). */
-void sv_conn_response_done(sv_conn *c);
+ * back to the loop (or is closed). now: as for sv_conn_after_flush. */
+void sv_conn_response_done(sv_conn *c, double now);
 void sv_conn_give_to_loop_dead(sv_conn *c);
 void sv_conn_release_idle(sv_conn *c);         /* the loop: an idle connection's buffers go back to the pools */
 /* An unlinked temp file in tmpdir (O_TMPFILE, else mkostemp + unlink), mode 0600; or -1. */
