@@ -35,6 +35,70 @@ class EnvFillTest < Minitest::Test
     assert_equal envs_for(:generic), envs_for(:direct)
   end
 
+  # Request#env with templates of other layouts, in turn (the direct fill
+  # remembers where the last template held each key, and must notice another
+  # one): every env has the request's values under every key, both fills.
+  def test_templates_of_other_layouts_in_turn
+    require "serval/server"
+    keys = Serval::RequestHandler::ALWAYS_SET
+    templates = [
+      ({ "x-first" => 1, "x-second" => 2 }.merge(keys.reverse.to_h { |k| [k, nil] })).freeze,
+      { "rack.input" => nil }.freeze,
+      keys.to_h { |k| [k, nil] }.merge("x-last" => 3).freeze,
+      keys.each_slice(2).flat_map { |a, b| [([b, nil] if b), [a, nil], ["x-#{a}", 0]].compact }.to_h.freeze,
+      keys.to_h { |k| [k, nil] }.merge("x-first" => 1, "x-second" => 2).freeze # as many entries as the first
+    ]
+    %i[direct generic].each do |mode|
+      Serval::Native.env_fill = mode
+      seen = Queue.new
+      probe = lambda do |env|
+        request = env["rack.hijack"]
+        seen << [0, 1, 0, 2, 3, 1, 3, 0, 4, 0, 4].map { |i| [i, request.env(templates[i])] }
+        [200, { "content-length" => "2" }, ["ok"]]
+      end
+      with_server(probe, lint: false) do |_server, port|
+        assert_equal 200, http(port, "PUT /t?u=2 HTTP/1.1\r\nHost: t.test:82\r\nX-B: y\r\n\r\n").status
+        seen.pop.each do |i, env|
+          assert_equal ["PUT", "/t", "u=2", "/t?u=2", "HTTP/1.1", "t.test", "82", "t.test:82", "y", "127.0.0.1"],
+                       env.values_at("REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "REQUEST_URI", "SERVER_PROTOCOL",
+                                     "SERVER_NAME", "SERVER_PORT", "HTTP_HOST", "HTTP_X_B", "REMOTE_ADDR"), "#{mode} #{i}"
+          assert_equal [[], []], env.values_at("rack.response_finished", "rack.after_reply"), "#{mode} #{i}"
+          templates[i].each { |k, v| assert_equal v, env[k], "#{mode} #{i} #{k}" unless keys.include?(k) }
+          assert_equal (templates[i].keys | keys | %w[HTTP_X_B]).sort, env.keys.sort, "#{mode} #{i}"
+        end
+      end
+    end
+  end
+
+  # The same template object rebuilt in place (a key moved to the end,
+  # rehashed: as many entries, other places): the remembered places are
+  # checked against the keys before they are used.
+  def test_a_template_rebuilt_in_place
+    require "serval/server"
+    keys = Serval::RequestHandler::ALWAYS_SET
+    %i[direct generic].each do |mode|
+      Serval::Native.env_fill = mode
+      seen = Queue.new
+      probe = lambda do |env|
+        request = env["rack.hijack"]
+        template = { "x-a" => 1 }.merge(keys.to_h { |k| [k, nil] })
+        first = request.env(template)
+        template.delete("x-a")
+        template["x-a"] = 1
+        template.rehash
+        seen << [first, request.env(template)]
+        [200, { "content-length" => "2" }, ["ok"]]
+      end
+      with_server(probe, lint: false) do |_server, port|
+        assert_equal 200, http(port, "GET /r?s=1 HTTP/1.1\r\nHost: r.test\r\n\r\n").status
+        seen.pop.each do |env|
+          assert_equal ["GET", "/r", "s=1", "/r?s=1", "r.test", 1], env.values_at("REQUEST_METHOD", "PATH_INFO",
+                                                                                  "QUERY_STRING", "REQUEST_URI", "HTTP_HOST", "x-a"), mode
+        end
+      end
+    end
+  end
+
   # REQUEST_METHOD: the common methods come from a table picked by length,
   # any other token is interned as sent.
   def test_request_method_of_every_kind

@@ -287,18 +287,58 @@ static int entry_layout_ok(void)
     return ok;
 }
 
-static void fill_entries(st_table *tbl, env_fill *f)
+/* Where the last template's copy held each slot key (the copies of one
+ * template share its layout): each store is then checked against the key it
+ * expects instead of looking the entry's key up. Touched with the GVL held. */
+#define SV_NO_POS ((st_index_t)-1)
+static struct {
+    VALUE tmpl;                /* compared by value only, never dereferenced */
+    st_index_t bound;
+    st_index_t at[E_SLOTS];    /* entry index, or SV_NO_POS: not in the template */
+} pos;
+
+static int entry_live(const entry_view *e)
 {
+    return e->hash != (st_data_t)~(st_data_t)0;
+}
+
+static int fill_known(st_table *tbl, env_fill *f, VALUE tmpl)
+{
+    if (pos.tmpl != tmpl || pos.bound != tbl->entries_bound)
+        return 0;
     entry_view *e = (entry_view *)tbl->entries;
+    for (int i = 0; i < E_SLOTS; i++) {
+        st_index_t j = pos.at[i];
+        if (j != SV_NO_POS && (e[j].key != (st_data_t)slot_keys[i] || !entry_live(&e[j])))
+            return 0; /* another template at this address, or changed: scan */
+    }
+    for (int i = 0; i < E_SLOTS; i++)
+        if (pos.at[i] != SV_NO_POS) {
+            e[pos.at[i]].record = (st_data_t)f->val[i];
+            f->filled |= 1u << i;
+        }
+    return 1;
+}
+
+static void fill_entries(st_table *tbl, env_fill *f, VALUE tmpl)
+{
+    if (fill_known(tbl, f, tmpl))
+        return;
+    entry_view *e = (entry_view *)tbl->entries;
+    for (int i = 0; i < E_SLOTS; i++)
+        pos.at[i] = SV_NO_POS;
     for (st_index_t j = tbl->entries_start; j < tbl->entries_bound && f->filled != (1u << E_SLOTS) - 1; j++) {
-        if (e[j].hash == (st_data_t)~(st_data_t)0)
+        if (!entry_live(&e[j]))
             continue; /* deleted */
         int i = slot_of((VALUE)e[j].key);
         if (i < 0 || (f->filled & (1u << i)))
             continue;
         e[j].record = (st_data_t)f->val[i];
         f->filled |= 1u << i;
+        pos.at[i] = j;
     }
+    pos.tmpl = tmpl;
+    pos.bound = tbl->entries_bound;
 }
 
 /* Builds the env of c's request from the frozen template: the CGI keys,
@@ -333,7 +373,7 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE 
      * and values stored straight into its table are safe */
     st_table *tbl = RHASH_TBL(env);
     if (direct_fill)
-        fill_entries(tbl, &f);
+        fill_entries(tbl, &f, tmpl);
     else
         st_foreach_with_replace(tbl, fill_check, fill_replace, (st_data_t)&f);
     for (int i = 0; i < E_SLOTS; i++)
