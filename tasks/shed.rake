@@ -15,3 +15,11 @@ namespace :test do
     sh "tmp/test_shed"
   end
 end
+
+namespace :test do
+  # The window's slot of a figure (ext/serval/winslot.h) against frexp.
+  task :c do
+    sh ENV.fetch("CC", "gcc"), *SHED_FLAGS, "test/c/test_winslot.c", "-lm", "-o", "tmp/test_winslot"
+    sh "tmp/test_winslot"
+  end
+end

@@ -53,6 +53,14 @@ class ConfigurationTest < Minitest::Test
     assert_equal defaults.keys, options.keys
   end
 
+  def test_timing_sample_cap_is_a_count_a_second
+    assert_equal 1000, load_config[:timing_sample_cap]
+    assert_equal 0, load_config("timing_sample_cap 0\n")[:timing_sample_cap]
+    assert_equal 250, load_config("timing_sample_cap 250\n")[:timing_sample_cap]
+    assert_config_error(/timing_sample_cap/, "timing_sample_cap(-1)\n")
+    assert_config_error(/timing_sample_cap/, "timing_sample_cap 2.5\n")
+  end
+
   def test_dsl_sets_options
     options = load_config(<<~RUBY)
       threads 2, 8

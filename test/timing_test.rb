@@ -154,6 +154,28 @@ class TimingTest < Minitest::Test
     end
   end
 
+  # timing_sample_cap: with a rate below 1, at most that many requests a
+  # second are sampled (the second the request became complete in); 0 lifts
+  # the cap; a rate of 1.0 is never capped.
+  def test_sample_cap_bounds_the_sampled_requests_a_second
+    seen = Queue.new
+    app = lambda do |env|
+      t = env["serval.timing"]
+      env["rack.response_finished"] << ->(*) { seen << !t.nil? }
+      [200, {}, ["ok"]]
+    end
+    { [0.5, 1] => 1..2, [0.5, 0] => 5..5, [1.0, 1] => 10..10 }.each do |(rate, cap), expected|
+      with_server(app, timing_sample_rate: rate, timing_sample_cap: cap, max_threads: 1) do |_server, port|
+        10.times { http(port, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") }
+        sampled = Array.new(10) { seen.pop }.count(true)
+        # ten quick requests fall in one second, or two: one sample per second under cap 1
+        assert_includes expected, sampled, "rate #{rate}, cap #{cap}"
+      end
+    end
+  ensure
+    Serval::Timing.sample_cap = Serval::Configuration::DEFAULTS[:timing_sample_cap]
+  end
+
   def test_stats_shape_for_prometheus
     with_server(->(_env) { [200, {}, ["ok"]] }, timing_sample_rate: 1.0) do |server, port|
       3.times { http(port, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") }

@@ -40,6 +40,7 @@ static uint64_t agg_timed;       /* timed requests */
 
 
 static VALUE cTiming, k_timing, k_xrs, k_xqs;
+unsigned long sv_timing_sample_cap = 1000; /* Timing.sample_cap= (timing_sample_cap) */
 static ID id_total_time;
 
 /* A sampled request's record, embedded in its object on Ruby 3.3+ (no
@@ -339,6 +340,24 @@ static VALUE fstr(const char *s)
     return v;
 }
 
+/* Timing.sample_cap: sampled requests a second at most (0: no cap), for a
+ * sampling rate below 1; process-wide, set by the request handler. */
+static VALUE tm_sample_cap(VALUE klass)
+{
+    (void)klass;
+    return ULONG2NUM(sv_timing_sample_cap);
+}
+
+static VALUE tm_set_sample_cap(VALUE klass, VALUE cap)
+{
+    (void)klass;
+    long v = NUM2LONG(cap);
+    if (v < 0)
+        rb_raise(rb_eArgError, "sample_cap must be >= 0");
+    sv_timing_sample_cap = (unsigned long)v;
+    return cap;
+}
+
 void sv_init_timing(VALUE mServal)
 {
     id_total_time = rb_intern("total_time");
@@ -350,6 +369,8 @@ void sv_init_timing(VALUE mServal)
     rb_define_singleton_method(cTiming, "aggregate", tm_aggregate, 0);
     rb_define_singleton_method(cTiming, "reset_aggregate", tm_reset, 0);
     rb_define_singleton_method(cTiming, "upstream_epoch", tm_upstream_epoch, 1);
+    rb_define_singleton_method(cTiming, "sample_cap", tm_sample_cap, 0);
+    rb_define_singleton_method(cTiming, "sample_cap=", tm_set_sample_cap, 1);
     rb_define_const(cTiming, "UPSTREAM_MAX", DBL2NUM(SV_UPSTREAM_MAX));
     rb_define_method(cTiming, "queue", tm_queue, 0);
     rb_define_method(cTiming, "upstream_queue", tm_upstream, 0);

@@ -19,13 +19,12 @@
 #include <time.h>
 #include <ruby.h>
 #include "serval_ruby.h"
+#include "winslot.h"
 
 #define SV_WIN_BUCKETS 6
 #define SV_WIN_SPAN 10.0          /* seconds per bucket */
 #define SV_WIN_RES 512            /* sampled requests kept per bucket */
-#define SV_WIN_BOUNDS 42          /* 10 us x 2^(i/2): 10 us .. 14.8 s */
-#define SV_WIN_SLOTS (SV_WIN_BOUNDS + 1)
-#define SV_WIN_LOW 1e-5
+#define SV_WIN_SLOTS (SV_WIN_BOUNDS + 1) /* SV_WIN_BOUNDS, SV_WIN_LOW: winslot.h */
 
 typedef struct {
     double f[SV_WIN_FIG];
@@ -64,17 +63,6 @@ static uint64_t next_rand(void)
     return rng;
 }
 
-/* The slot of v: the smallest i with v <= 10 us x 2^(i/2); SV_WIN_BOUNDS above. */
-static int slot_of(double v)
-{
-    if (!(v > SV_WIN_LOW))
-        return 0;
-    int e;
-    double m = frexp(v / SV_WIN_LOW, &e); /* v / LOW = m x 2^e, m in [0.5, 1) */
-    int i = m > M_SQRT1_2 ? 2 * e : (m > 0.5 ? 2 * e - 1 : 2 * e - 2);
-    return i > SV_WIN_BOUNDS ? SV_WIN_BOUNDS : i;
-}
-
 static void reset_all(double now)
 {
     memset(buckets, 0, sizeof(buckets));
@@ -83,8 +71,18 @@ static void reset_all(double now)
     started = now;
 }
 
+/* The bucket of the span in progress, kept: a request in it finds it by two
+ * compares instead of a floor and two divisions. */
+static struct {
+    double from, to;
+    int64_t epoch;
+    sv_win_bucket *b;
+} cur = {0, -1, -1, NULL};
+
 static sv_win_bucket *bucket_at(double now)
 {
+    if (now >= cur.from && now < cur.to && cur.b->epoch == cur.epoch)
+        return cur.b;
     int64_t epoch = (int64_t)floor(now / SV_WIN_SPAN);
     sv_win_bucket *b = &buckets[((epoch % SV_WIN_BUCKETS) + SV_WIN_BUCKETS) % SV_WIN_BUCKETS];
     if (b->epoch > epoch)
@@ -93,6 +91,10 @@ static sv_win_bucket *bucket_at(double now)
         memset(b, 0, offsetof(sv_win_bucket, res)); /* the reservoir is overwritten as it refills */
         b->epoch = epoch;
     }
+    cur.from = (double)epoch * SV_WIN_SPAN;
+    cur.to = (double)(epoch + 1) * SV_WIN_SPAN;
+    cur.epoch = epoch;
+    cur.b = b;
     return b;
 }
 
@@ -113,7 +115,7 @@ void sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods, co
     for (int k = 0; k < SV_WIN_FIG; k++) {
         if (isnan(f[k]))
             continue;
-        b->counts[k][slot_of(f[k])]++;
+        b->counts[k][sv_win_slot(f[k])]++;
         b->sums[k] += f[k];
     }
     if (isnan(f[SV_WIN_RUN]) || isnan(f[SV_WIN_IDLE]))

@@ -40,6 +40,7 @@ module Serval
       early_hints: false,
       timing: true,
       timing_sample_rate: 0.05,
+      timing_sample_cap: 1000, # sampled requests a second at most (rate < 1); 0: no cap
       max_request_line: CORE[:max_request_line][0],
       max_head: CORE[:max_head][0],
       max_headers: CORE[:max_headers][0],
@@ -116,6 +117,7 @@ module Serval
       early_hints: [:bool],
       timing: [:bool],
       timing_sample_rate: [:seconds, 0.0, 1.0], # a plain number in 0..1
+      timing_sample_cap: [:int, 0, 1_000_000_000],
       max_request_line: [:int, *CORE[:max_request_line][1, 2]],
       max_head: [:int, *CORE[:max_head][1, 2]],
       max_headers: [:int, *CORE[:max_headers][1, 2]],

@@ -195,6 +195,13 @@ module Serval
       set(:timing_sample_rate, rate)
     end
 
+    # Sampled requests a second at most while timing_sample_rate is below 1
+    # (default 1000; 0: no cap): at high request rates the sampled share's
+    # system calls, not its precision, grow (docs/observability.md).
+    def timing_sample_cap(per_second)
+      set(:timing_sample_cap, per_second)
+    end
+
     # Seconds between the advice checks that log `advice: ...` when the
     # advice is first available or changes (docs/tuning.md); 0 turns them off.
     def advice_log_interval(seconds)

@@ -30,6 +30,7 @@ module Serval
       @timing = (Timing::Recorder.new(sample_rate: options.fetch(:timing_sample_rate, 0.05)) if options.fetch(:timing, true))
       # With --log-requests every line carries the timing fields: every request is sampled.
       @timing_every = @timing && (@log_requests ? 1 : @timing.every)
+      Timing.sample_cap = options.fetch(:timing_sample_cap, 1000) if @timing
     end
 
     # The env comes from C with every per-request key in place
