@@ -80,6 +80,26 @@ class TimingWindowTest < Minitest::Test
     shares.each_value { |share| assert_in_delta 1.0 / 7, share, 0.04 }
   end
 
+  # Past its first 512, a bucket draws how many requests to pass over before
+  # the next one goes in (Algorithm L): 100,000 requests in one bucket, each
+  # carrying its place in its run figure; the reservoir holds them uniformly
+  # (each quarter of the requests about a quarter of it, the mean place about
+  # half way), and shapes go with the requests that went in.
+  def test_a_busy_bucket_keeps_a_uniform_sample
+    now = START + 105
+    n = 100_000
+    n.times { |i| T.window_record(now - 5 + (i * 1e-5), [0.0, (i + 1) * 1e-6, 0.0, 0.0, nil, 0.001, nil], 1, [0.001, 0.0, 0.002]) }
+    w = W.read(now: now, gvl_split: true)
+    assert_equal n, w[:sampled_from]
+    places = w[:samples].map { |s| (s[:run] * 1e6).round - 1 }
+    assert_equal T::WINDOW_RESERVOIR, places.size
+    assert_equal places.size, places.uniq.size, "no request twice"
+    quarters = places.group_by { |p| p * 4 / n }.transform_values(&:size)
+    (0..3).each { |q| assert_in_delta 0.25, quarters.fetch(q, 0).to_f / places.size, 0.08, "quarter #{q}: #{quarters}" }
+    assert_in_delta n / 2.0, places.sum.to_f / places.size, n * 0.05
+    assert(w[:samples].all? { |s| s[:shape] }, "each sample has its shape")
+  end
+
   def test_a_quiet_bucket_does_not_outweigh_a_busy_one
     now = START + 30
     1000.times { |i| record(now - 15 - (i * 0.001), [0.0, 0.010, 0.0, 0.0, 0.0, 0.010, nil]) } # busy, run 10 ms

@@ -547,28 +547,6 @@ static VALUE req_early_hints(VALUE self, VALUE headers)
  * histograms; one in `every` (0 = none) also gets a Serval::Timing object in
  * env["serval.timing"] with CPU and GC time. Process-wide counter, GVL held. */
 static unsigned long sample_n;
-static int64_t cap_second = -1;  /* the second (of queued_at) cap_used counts in */
-static unsigned long cap_used;
-
-/* With a sampling rate below 1 (every > 1), at most sv_timing_sample_cap
- * requests a second are sampled (0: no cap): the CPU clock is a system call,
- * and past a few hundred a second more samples add cost, not precision. The
- * second is the one the request became complete in (no clock read). */
-static int under_cap(double queued_at)
-{
-    unsigned long cap = sv_timing_sample_cap;
-    if (cap == 0)
-        return 1;
-    int64_t second = (int64_t)queued_at;
-    if (second != cap_second) {
-        cap_second = second;
-        cap_used = 0;
-    }
-    if (cap_used >= cap)
-        return 0;
-    cap_used++;
-    return 1;
-}
 
 static VALUE timing_begin(VALUE self, sv_req *r, VALUE env, VALUE every)
 {
@@ -576,7 +554,7 @@ static VALUE timing_begin(VALUE self, sv_req *r, VALUE env, VALUE every)
     int detailed = n > 0 && ++sample_n % n == 0;
     double queued_at = r->conn ? r->conn->queued_at : 0.0;
     if (detailed && n > 1)
-        detailed = under_cap(queued_at);
+        detailed = sv_timing_under_cap(queued_at);
     if (detailed) {
         RB_OBJ_WRITE(self, &r->tm_obj, sv_timing_new(&r->tm_cur));
         rb_hash_aset(env, sv_timing_env_key(), r->tm_obj);

@@ -50,6 +50,7 @@ extern __thread int sv_gvl_yielding;
 #define SV_SEGS 17
 int sv_gvl_segments(float out[SV_SEGS], uint64_t now);
 extern unsigned long sv_timing_sample_cap; /* timing.c: sampled requests a second at most, 0: no cap */
+int sv_timing_under_cap(double queued_at); /* timing.c: whether a picked request may be sampled this second */
 /* GVL slots gvl.c tracks; sv_gvl_probe reads one for ext/serval/steadiness.c. */
 #define SV_GVL_SLOTS 512
 int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu);
@@ -66,7 +67,8 @@ void sv_steadiness_start(void);
 void sv_init_steadiness(VALUE mGVL);
 /* The rolling window (ext/serval/window.c): figures in this order. */
 enum { SV_WIN_QUEUE = 0, SV_WIN_RUN, SV_WIN_IDLE, SV_WIN_STALL, SV_WIN_POOL, SV_WIN_WALL, SV_WIN_CPU, SV_WIN_FIG };
-void sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods, const float *segs, int nseg);
+void *sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods);
+void sv_win_set_shape(void *entry, const float *segs, int nseg);
 void sv_init_window(VALUE cTiming);
 int sv_pool_wait_counters(uint64_t out[4]);
 void sv_init_timing(VALUE mServal);

@@ -229,9 +229,11 @@ void sv_tm_end(sv_tm *t)
         add(TM_RUN, f[SV_WIN_RUN]);
         add(TM_IDLE, f[SV_WIN_IDLE]);
     }
-    float segs[SV_SEGS];
-    int nseg = t->has_gvl ? sv_gvl_segments(segs, t->end_ns) : 0;
-    sv_win_record((double)t->end_ns / 1e9, f, idle_periods, segs, nseg);
+    void *entry = sv_win_record((double)t->end_ns / 1e9, f, idle_periods);
+    if (entry && t->has_gvl) { /* in the reservoir: its shape too */
+        float segs[SV_SEGS];
+        sv_win_set_shape(entry, segs, sv_gvl_segments(segs, t->end_ns));
+    }
 }
 
 #define NS(x) DBL2NUM((double)(x) / 1e9)
@@ -340,6 +342,30 @@ static VALUE fstr(const char *s)
     return v;
 }
 
+static int64_t cap_second = -1;  /* the second (of queued_at) cap_used counts in */
+static unsigned long cap_used;
+
+/* Request#start, for a request the sampling rate picked when the rate is
+ * below 1 (every > 1): at most sv_timing_sample_cap
+ * requests a second are sampled (0: no cap): the CPU clock is a system call,
+ * and past a few hundred a second more samples add cost, not precision. The
+ * second is the one the request became complete in (no clock read). */
+int sv_timing_under_cap(double queued_at)
+{
+    unsigned long cap = sv_timing_sample_cap;
+    if (cap == 0)
+        return 1;
+    int64_t second = (int64_t)queued_at;
+    if (second != cap_second) {
+        cap_second = second;
+        cap_used = 0;
+    }
+    if (cap_used >= cap)
+        return 0;
+    cap_used++;
+    return 1;
+}
+
 /* Timing.sample_cap: sampled requests a second at most (0: no cap), for a
  * sampling rate below 1; process-wide, set by the request handler. */
 static VALUE tm_sample_cap(VALUE klass)
@@ -355,6 +381,8 @@ static VALUE tm_set_sample_cap(VALUE klass, VALUE cap)
     if (v < 0)
         rb_raise(rb_eArgError, "sample_cap must be >= 0");
     sv_timing_sample_cap = (unsigned long)v;
+    cap_second = -1; /* a new cap counts afresh */
+    cap_used = 0;
     return cap;
 }
 

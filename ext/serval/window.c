@@ -40,6 +40,8 @@ typedef struct {
     uint64_t counts[SV_WIN_FIG][SV_WIN_SLOTS];
     double sums[SV_WIN_FIG];
     uint64_t seen;                /* requests offered to the reservoir */
+    uint64_t next_in;             /* full reservoir: the next request offered that goes in (Algorithm L) */
+    double w;                     /* Algorithm L's running weight */
     uint32_t n;                   /* held in the reservoir */
     sv_win_sample res[SV_WIN_RES];
 } sv_win_bucket;
@@ -61,6 +63,22 @@ static uint64_t next_rand(void)
     rng ^= rng >> 7;
     rng ^= rng << 17;
     return rng;
+}
+
+/* Uniform in (0, 1). */
+static double unit_rand(void)
+{
+    return ((double)(next_rand() >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+/* Algorithm L (Li, 1994): once the reservoir is full, how many requests on
+ * the next one to go in is, drawn at once, so the requests in between cost
+ * a compare instead of a random number and a division each. */
+static void next_entry(sv_win_bucket *b)
+{
+    double skip = floor(log(unit_rand()) / log1p(-b->w));
+    b->next_in = isfinite(skip) && skip < 1e18 ? b->seen + (uint64_t)skip + 1 : UINT64_MAX;
+    b->w *= exp(log(unit_rand()) / SV_WIN_RES);
 }
 
 static void reset_all(double now)
@@ -101,12 +119,14 @@ static sv_win_bucket *bucket_at(double now)
 /* One request ending at now (monotonic seconds): f[k] in seconds, NaN when figure k was not measured. Only
  * requests with run and idle (the GVL split, or a sampled CPU clock) enter
  * the reservoir and the run/idle/stall/cpu histograms. idle_periods < 0:
- * unknown. segs: the request's shape (nseg entries, 0: none). */
-void sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods, const float *segs, int nseg)
+ * unknown. Returns where the request's shape goes when it went into the
+ * reservoir (the caller fills it: sv_win_set_shape), else NULL: the shape of
+ * the many requests that do not is never read. */
+void *sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods)
 {
     sv_win_bucket *b = bucket_at(now);
     if (!b)
-        return;
+        return NULL;
     b->requests++;
     if (idle_periods >= 0) {
         b->split++;
@@ -119,19 +139,35 @@ void sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods, co
         b->sums[k] += f[k];
     }
     if (isnan(f[SV_WIN_RUN]) || isnan(f[SV_WIN_IDLE]))
-        return;
+        return NULL;
     uint64_t seen = ++b->seen;
-    uint64_t j = seen <= SV_WIN_RES ? seen - 1 : next_rand() % seen;
-    if (j < SV_WIN_RES) {
-        memcpy(b->res[j].f, f, sizeof(b->res[j].f));
-        if (nseg < 0 || nseg > SV_SEGS)
-            nseg = 0;
-        b->res[j].nseg = (uint8_t)nseg;
-        if (nseg > 0)
-            memcpy(b->res[j].seg, segs, sizeof(float) * (size_t)nseg);
-        if (b->n < SV_WIN_RES)
-            b->n++;
+    uint64_t j;
+    if (seen <= SV_WIN_RES) {
+        j = seen - 1;
+        b->n = (uint32_t)seen;
+        if (seen == SV_WIN_RES) {
+            b->w = exp(log(unit_rand()) / SV_WIN_RES);
+            next_entry(b);
+        }
+    } else if (seen == b->next_in) {
+        j = next_rand() % SV_WIN_RES;
+        next_entry(b);
+    } else {
+        return NULL;
     }
+    memcpy(b->res[j].f, f, sizeof(b->res[j].f));
+    b->res[j].nseg = 0;
+    return &b->res[j];
+}
+
+/* The shape of the request sv_win_record just put in at entry (nseg spans). */
+void sv_win_set_shape(void *entry, const float *segs, int nseg)
+{
+    sv_win_sample *s = entry;
+    if (nseg <= 0 || nseg > SV_SEGS)
+        return;
+    memcpy(s->seg, segs, sizeof(float) * (size_t)nseg);
+    s->nseg = (uint8_t)nseg;
 }
 
 static double opt_now(int argc, VALUE *argv)
@@ -215,7 +251,9 @@ static VALUE win_record(int argc, VALUE *argv, VALUE klass)
         VALUE v = rb_ary_entry(figures, k);
         f[k] = NIL_P(v) ? NAN : NUM2DBL(v);
     }
-    sv_win_record(NUM2DBL(now), f, NIL_P(idle_periods) ? -1 : NUM2LONG(idle_periods), segs, nseg);
+    void *entry = sv_win_record(NUM2DBL(now), f, NIL_P(idle_periods) ? -1 : NUM2LONG(idle_periods));
+    if (entry)
+        sv_win_set_shape(entry, segs, nseg);
     return Qnil;
 }
 
