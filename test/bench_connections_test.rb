@@ -30,6 +30,23 @@ class BenchConnectionsTest < Minitest::Test
     Bench::Workload.registry.fetch(workload).new(@ctx).eligible(SERVERS, explicit: explicit).map(&:name)
   end
 
+  # The timing check pairs serval and serval-notiming round by round: here
+  # the load moved between rounds, so the two medians come from different
+  # rounds (8.1 against 10.0 us: 0.81), while each round's pair shows 1-2 %.
+  def test_the_timing_check_uses_the_rounds_pairs
+    w = Bench::Workload.registry.fetch("connections").new(@ctx)
+    rounds = ->(cpus) { cpus.map { |u| { "levels" => { "16" => { "cpu_us_per_request" => u } } } } }
+    results = {
+      "serval" => { "rounds" => rounds.([8.0, 8.1, 10.0, 10.1, 10.2]), "levels" => { "16" => { "cpu_us_per_request" => 10.0 } } },
+      "serval-notiming" => { "rounds" => rounds.([7.9, 8.0, 8.1, 9.9, 10.0]), "levels" => { "16" => { "cpu_us_per_request" => 8.1 } } }
+    }
+    assert_in_delta 0.81, w.send(:cpu_ratio, results, 16, "serval-notiming"), 1e-9
+    assert_in_delta 0.98, w.send(:paired_cpu_ratio, results, 16, "serval-notiming"), 1e-9
+    results["serval-notiming"]["rounds"][4] = { "levels" => {} } # a round without the level: left out
+    assert_in_delta 0.984, w.send(:paired_cpu_ratio, results, 16, "serval-notiming"), 1e-3
+    assert_nil w.send(:paired_cpu_ratio, results, 1000, "serval-notiming")
+  end
+
   def test_opt_in_servers_run_only_where_named_and_nginx_only_as_a_limit_line
     assert_equal %w[serval puma unicorn], names("hello")
     assert_equal %w[serval puma unicorn iodine], names("hello", explicit: true)
