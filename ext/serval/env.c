@@ -13,6 +13,11 @@
 enum { E_METHOD, E_PATH, E_QUERY, E_URI, E_PROTO, E_REMOTE, E_NAME, E_PORT, E_HOST, E_HIJACK, E_FINISHED, E_AFTER, E_SLOTS };
 static VALUE slot_keys[E_SLOTS];
 
+/* The env fill (fill_entries, below): whether st.c's entry layout checked
+ * out at load, and whether the direct fill is in use. */
+static int layout_ok, direct_fill;
+static int entry_layout_ok(void);
+
 /* Which slot a key is, by its address (the slot keys are pinned: rb_gc_mark
  * through rb_gc_register_mark_object): open addressing, SV_SLOT_TABLE
  * entries for E_SLOTS keys, so a template key that is no slot usually
@@ -92,6 +97,48 @@ static VALUE header_key_build(const char *name, size_t len)
     return key;
 }
 
+void sv_init_env(void)
+{
+    static const char *slot_names[E_SLOTS] = {
+        [E_METHOD] = "REQUEST_METHOD", [E_PATH] = "PATH_INFO", [E_QUERY] = "QUERY_STRING",
+        [E_URI] = "REQUEST_URI", [E_PROTO] = "SERVER_PROTOCOL", [E_REMOTE] = "REMOTE_ADDR",
+        [E_NAME] = "SERVER_NAME", [E_PORT] = "SERVER_PORT", [E_HOST] = "HTTP_HOST", [E_HIJACK] = "rack.hijack",
+        [E_FINISHED] = "rack.response_finished", [E_AFTER] = "rack.after_reply",
+    };
+    for (int i = 0; i < E_SLOTS; i++) {
+        slot_keys[i] = fstr(slot_names[i]);
+        slot_table_add(slot_keys[i], i);
+    }
+    for (int i = 0; common_methods[i]; i++)
+        method_keys[i] = fstr(common_methods[i]);
+    v_80 = sv_strcache_get("80", 2);
+    v_443 = sv_strcache_get("443", 3);
+    rb_gc_register_mark_object(v_80);
+    rb_gc_register_mark_object(v_443);
+    k_ctype = fstr("CONTENT_TYPE");
+    k_clen = fstr("CONTENT_LENGTH");
+    k_cookie = fstr("HTTP_COOKIE");
+    k_xrs = fstr("HTTP_X_REQUEST_START");
+    k_xqs = fstr("HTTP_X_QUEUE_START");
+    k_upgrade = fstr("HTTP_UPGRADE");
+    k_protocol = fstr("rack.protocol");
+    v_http10 = fstr("HTTP/1.0");
+    v_http11 = fstr("HTTP/1.1");
+    k_scheme = fstr("rack.url_scheme");
+    k_https = fstr("HTTPS");
+    v_https = fstr("https");
+    v_on = fstr("on");
+    re_list = rb_reg_new_str(rb_str_new_cstr("\\s*,\\s*"), 0);
+    rb_obj_freeze(re_list);
+    rb_gc_register_mark_object(re_list);
+    for (int i = 0; common_headers[i] && i < SV_COMMON_MAX; i++) {
+        common_lens[i] = strlen(common_headers[i]);
+        common_keys[i] = header_key_build(common_headers[i], common_lens[i]);
+        rb_gc_register_mark_object(common_keys[i]);
+    }
+    layout_ok = entry_layout_ok();
+    direct_fill = layout_ok;
+}
 
 static int name_is(const char *name, size_t len, const char *lower, size_t llen)
 {
@@ -263,8 +310,10 @@ typedef struct {
     st_data_t hash, key, record;
 } entry_view;
 
-static int layout_ok;          /* the layout check passed */
-static int direct_fill;        /* fill_entries in use (layout_ok, unless a test chose the generic pass) */
+static int entry_live(const entry_view *e)
+{
+    return e->hash != (st_data_t)~(st_data_t)0;
+}
 
 static int entry_layout_ok(void)
 {
@@ -280,7 +329,7 @@ static int entry_layout_ok(void)
     int ok = tbl->entries_start == 0 && tbl->entries_bound == N && tbl->num_entries == N;
     for (int i = 0; ok && i < N; i++) {
         VALUE k = (VALUE)e[i].key;
-        ok = e[i].hash != (st_data_t)~(st_data_t)0 && (k == keys[i] || rb_str_equal(k, keys[i]) == Qtrue) &&
+        ok = entry_live(&e[i]) && (k == keys[i] || rb_str_equal(k, keys[i]) == Qtrue) &&
              (VALUE)e[i].record == vals[i];
     }
     RB_GC_GUARD(h);
@@ -296,11 +345,6 @@ static struct {
     st_index_t bound;
     st_index_t at[E_SLOTS];    /* entry index, or SV_NO_POS: not in the template */
 } pos;
-
-static int entry_live(const entry_view *e)
-{
-    return e->hash != (st_data_t)~(st_data_t)0;
-}
 
 static int fill_known(st_table *tbl, env_fill *f, VALUE tmpl)
 {
@@ -395,49 +439,6 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE 
             rb_hash_aset(env, k_protocol, rb_funcall(up, rb_intern("split"), 1, re_list));
     }
     return env;
-}
-
-void sv_init_env(void)
-{
-    static const char *slot_names[E_SLOTS] = {
-        [E_METHOD] = "REQUEST_METHOD", [E_PATH] = "PATH_INFO", [E_QUERY] = "QUERY_STRING",
-        [E_URI] = "REQUEST_URI", [E_PROTO] = "SERVER_PROTOCOL", [E_REMOTE] = "REMOTE_ADDR",
-        [E_NAME] = "SERVER_NAME", [E_PORT] = "SERVER_PORT", [E_HOST] = "HTTP_HOST", [E_HIJACK] = "rack.hijack",
-        [E_FINISHED] = "rack.response_finished", [E_AFTER] = "rack.after_reply",
-    };
-    for (int i = 0; i < E_SLOTS; i++) {
-        slot_keys[i] = fstr(slot_names[i]);
-        slot_table_add(slot_keys[i], i);
-    }
-    for (int i = 0; common_methods[i]; i++)
-        method_keys[i] = fstr(common_methods[i]);
-    v_80 = sv_strcache_get("80", 2);
-    v_443 = sv_strcache_get("443", 3);
-    rb_gc_register_mark_object(v_80);
-    rb_gc_register_mark_object(v_443);
-    k_ctype = fstr("CONTENT_TYPE");
-    k_clen = fstr("CONTENT_LENGTH");
-    k_cookie = fstr("HTTP_COOKIE");
-    k_xrs = fstr("HTTP_X_REQUEST_START");
-    k_xqs = fstr("HTTP_X_QUEUE_START");
-    k_upgrade = fstr("HTTP_UPGRADE");
-    k_protocol = fstr("rack.protocol");
-    v_http10 = fstr("HTTP/1.0");
-    v_http11 = fstr("HTTP/1.1");
-    k_scheme = fstr("rack.url_scheme");
-    k_https = fstr("HTTPS");
-    v_https = fstr("https");
-    v_on = fstr("on");
-    re_list = rb_reg_new_str(rb_str_new_cstr("\\s*,\\s*"), 0);
-    rb_obj_freeze(re_list);
-    rb_gc_register_mark_object(re_list);
-    for (int i = 0; common_headers[i] && i < SV_COMMON_MAX; i++) {
-        common_lens[i] = strlen(common_headers[i]);
-        common_keys[i] = header_key_build(common_headers[i], common_lens[i]);
-        rb_gc_register_mark_object(common_keys[i]);
-    }
-    layout_ok = entry_layout_ok();
-    direct_fill = layout_ok;
 }
 
 /* Serval::Native.env_fill: :direct (the entry array) or :generic

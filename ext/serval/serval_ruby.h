@@ -49,7 +49,6 @@ extern __thread int sv_gvl_yielding;
  * last two (totals kept). */
 #define SV_SEGS 17
 int sv_gvl_segments(float out[SV_SEGS], uint64_t now);
-extern unsigned long sv_timing_sample_cap; /* timing.c: sampled requests a second at most, 0: no cap */
 int sv_timing_under_cap(double queued_at); /* timing.c: whether a picked request may be sampled this second */
 /* GVL slots gvl.c tracks; sv_gvl_probe reads one for ext/serval/steadiness.c. */
 #define SV_GVL_SLOTS 512

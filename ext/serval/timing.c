@@ -40,7 +40,7 @@ static uint64_t agg_timed;       /* timed requests */
 
 
 static VALUE cTiming, k_timing, k_xrs, k_xqs;
-unsigned long sv_timing_sample_cap = 1000; /* Timing.sample_cap= (timing_sample_cap) */
+static unsigned long sample_cap = 1000; /* Timing.sample_cap= (timing_sample_cap); 0: no cap */
 static ID id_total_time;
 
 /* A sampled request's record, embedded in its object on Ruby 3.3+ (no
@@ -350,13 +350,13 @@ static int64_t cap_second = -1;  /* the second (of queued_at) cap_used counts in
 static unsigned long cap_used;
 
 /* Request#start, for a request the sampling rate picked when the rate is
- * below 1 (every > 1): at most sv_timing_sample_cap
+ * below 1 (every > 1): at most sample_cap
  * requests a second are sampled (0: no cap): the CPU clock is a system call,
  * and past a few hundred a second more samples add cost, not precision. The
  * second is the one the request became complete in (no clock read). */
 int sv_timing_under_cap(double queued_at)
 {
-    unsigned long cap = sv_timing_sample_cap;
+    unsigned long cap = sample_cap;
     if (cap == 0)
         return 1;
     int64_t second = (int64_t)queued_at;
@@ -375,7 +375,7 @@ int sv_timing_under_cap(double queued_at)
 static VALUE tm_sample_cap(VALUE klass)
 {
     (void)klass;
-    return ULONG2NUM(sv_timing_sample_cap);
+    return ULONG2NUM(sample_cap);
 }
 
 static VALUE tm_set_sample_cap(VALUE klass, VALUE cap)
@@ -384,7 +384,7 @@ static VALUE tm_set_sample_cap(VALUE klass, VALUE cap)
     long v = NUM2LONG(cap);
     if (v < 0)
         rb_raise(rb_eArgError, "sample_cap must be >= 0");
-    sv_timing_sample_cap = (unsigned long)v;
+    sample_cap = (unsigned long)v;
     cap_second = -1; /* a new cap counts afresh */
     cap_used = 0;
     return cap;
