@@ -141,7 +141,7 @@ module Serval
         @log_writer.info(format("- Worker %<i>d (PID: %<p>d) booted in %<s>.2fs, phase: %<ph>d",
                                 i: handle.index, p: handle.pid, s: handle.booted_at - handle.spawned_at, ph: handle.phase))
         @options[:after_worker_boot].each { |hook| hook.call(handle.index) }
-        Systemd.notify_ready if @workers.values.all?(&:booted?) && @workers.size == @wanted
+        announce_ready if @workers.values.all?(&:booted?) && @workers.size == @wanted
         update_title
       when :eof then handle.status_io.close unless handle.status_io.closed?
       end
@@ -263,6 +263,11 @@ module Serval
       status_r, status_w = IO.pipe
       control_m, control_w = CommandChannel.pair
       others = handles.flat_map { |h| [h.status_io, h.control_io] }
+      @options[:before_worker_fork].each do |hook|
+        hook.call(index)
+      rescue StandardError => e
+        @log_writer.exception(e, "serval: before_worker_fork hook failed")
+      end
       pid = Process.fork { worker_main(index, status_w, control_w, [status_r, control_m, *others]) }
       status_w.close
       control_w.close

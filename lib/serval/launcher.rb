@@ -8,6 +8,7 @@ require "serval/binder"
 require "serval/log_writer"
 require "serval/signals"
 require "serval/process_title"
+require "serval/events"
 
 module Serval
   # The entry point: picks single mode (workers 0) or cluster mode (a master
@@ -29,28 +30,41 @@ module Serval
     # restart_argv: the command a hot restart (USR2) execs; nil disables it
     def initialize(options, log_writer: LogWriter.new, app: nil, signals: true, restart_argv: nil)
       @mode = options.fetch(:workers, 0).positive? ? :cluster : :single
+      log_writer.configure(options) if log_writer.respond_to?(:configure) # log_formatter, custom_logger
+      app ||= options[:app] # a config file's `app { }`
       require "serval/#{@mode}"
       mode_class = @mode == :cluster ? Cluster : Single # both Serval::Supervisor
       @impl = mode_class.new(options, log_writer: log_writer, app: app, signals: signals, restart_argv: restart_argv)
+      @events = Events.new(log_writer)
+      Events::NAMES.each { |name| options.fetch(name, []).each { |hook| @events.register(name, hook) } }
+      @impl.events = @events
     end
+
+    # Puma's lifecycle events (Serval::Events): config hooks and plugins
+    # register here; the supervisor fires them.
+    attr_reader :events
 
     # The control app, metrics listener and state file (Serval::Control)
     # and the plugins (Serval::Plugins) start once booted and stop after the
     # mode's own cleanup.
     def run
+      Support.redirect_output(options)
       Support.sync_output if options.fetch(:stdout_sync, true)
       Support.export_auto_threads(options, log_writer)
       require "serval/control"
       control = Control.after_boot(self) if Control.wanted?(options)
       agent = start_agent_check
       plugins = start_plugins
+      start_puma_plugins
       advice_log = start_advice_log
+      idle = start_idle_timeout
       status = @impl.run
       failure = control&.failure
       raise ConfigError, "control/metrics/state_path could not start: #{failure.message}" if failure
 
       status
     ensure
+      idle&.stop
       plugins&.each(&:stop)
       advice_log&.stop
       control&.stop
@@ -99,11 +113,28 @@ module Serval
       AgentCheck.start(self, options[:agent_check_url], log_writer)
     end
 
+    # idle_timeout: a graceful stop after that long without a request.
+    private def start_idle_timeout
+      return nil unless options[:idle_timeout]
+
+      require "serval/idle_timeout"
+      IdleTimeout.new(self, options[:idle_timeout]).start
+    end
+
     private def start_plugins
       return nil if options.fetch(:plugins, []).empty?
 
       require "serval/plugins"
       Plugins.start(self)
+    end
+
+    # Puma plugins (`plugin :solid_queue`, lib/serval/puma_plugins.rb): loaded
+    # with the config file, started here, in the supervising process.
+    private def start_puma_plugins
+      return nil if options.fetch(:puma_plugins, []).empty?
+
+      require "serval/puma_plugins"
+      PumaPlugins.start(self, @events)
     end
 
     # Single: thread name => backtrace (Array of String) for every thread;
@@ -167,6 +198,21 @@ module Serval
         require "rack/builder"
         result = Rack::Builder.parse_file(path)
         result.is_a?(Array) ? result.first : result
+      end
+
+      # stdout_redirect: $stdout/$stderr (fds 1 and 2, so workers and
+      # children inherit them) reopened on files before the boot lines. A hot
+      # restart appends even without append: it must not truncate its own log.
+      def redirect_output(options, env = ENV)
+        append = options[:redirect_append] || env.key?("SERVAL_INHERITED_FDS")
+        { $stdout => options[:redirect_stdout], $stderr => options[:redirect_stderr] }.each do |io, path|
+          next unless path
+
+          io.reopen(File.expand_path(path), append ? "a" : "w")
+          io.sync = true
+        rescue SystemCallError, IOError => e
+          raise ConfigError, "stdout_redirect: cannot open #{path} (#{e.message})"
+        end
       end
 
       # The files stdout/stderr point to at boot (nil: a terminal or a pipe).

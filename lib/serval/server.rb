@@ -29,7 +29,8 @@ module Serval
       @handler = RequestHandler.new(app, options, log_writer)
       @thread_pool = ThreadPool.new(@core, min: options[:min_threads], max: options[:max_threads],
                                            idle_timeout: options[:thread_idle_timeout],
-                                           log_writer: log_writer, handler: @handler)
+                                           log_writer: log_writer, handler: @handler,
+                                           hooks: options.slice(:before_thread_start, :before_thread_exit, :out_of_band))
       @error_log = ErrorLog.new(@core, log_writer, limit: options[:error_log_limit])
       auto_parts(options, log_writer)
       @listeners = []

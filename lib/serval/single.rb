@@ -53,7 +53,7 @@ module Serval
 
     def boot
       super
-      Systemd.notify_ready
+      announce_ready
     end
 
     def start

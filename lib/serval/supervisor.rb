@@ -32,6 +32,9 @@ module Serval
 
     attr_reader :options, :log_writer, :binder, :app
 
+    # Serval::Events, set by the Launcher (nil in a bare supervisor).
+    attr_accessor :events
+
     def initialize(options, log_writer:, app: nil, signals: true, restart_argv: nil)
       @options = options
       @log_writer = log_writer
@@ -131,6 +134,7 @@ module Serval
       return @log_writer.info("- Hot restart is not available (no command to exec)") unless @restart_argv
       return @log_writer.info("- Hot restart ignored: already stopping") if @stopping
 
+      @events&.fire(:before_restart)
       keep_listeners_for_exec
       @restarting = true
       begin_stop(:stop)
@@ -166,8 +170,15 @@ module Serval
       @binder&.close
       remove_pidfile
       @signals.close
+      @events&.fire_once(:after_stopped) if @state == :booted
       @log_writer.info("- Goodbye!") if @state == :booted
       change_state(:stopped)
+    end
+
+    # Serving: systemd is told, and after_booted fires (once per process).
+    def announce_ready
+      Systemd.notify_ready
+      @events&.fire_once(:after_booted)
     end
 
     # Signals this process passes on to the processes it supervises.

@@ -22,8 +22,16 @@ module Serval
     attr_reader :min, :max, :lane
 
     # handler: an object whose #call(request) serves it (or a block).
-    def initialize(core, min:, max:, idle_timeout:, log_writer:, handler: nil, &block)
+    # hooks: Puma's before_thread_start / before_thread_exit (run in each
+    # request thread as it starts and leaves) and out_of_band (run by the
+    # thread whose request ended with none other in flight or queued), each
+    # an Array of callables; a hook that raises is logged.
+    def initialize(core, min:, max:, idle_timeout:, log_writer:, handler: nil, hooks: {}, &block)
       @core = core
+      @on_start = hooks[:before_thread_start] unless hooks.fetch(:before_thread_start, []).empty?
+      @on_exit = hooks[:before_thread_exit] unless hooks.fetch(:before_thread_exit, []).empty?
+      @out_of_band = hooks[:out_of_band] unless hooks.fetch(:out_of_band, []).empty?
+      @oob_running = false
       @min = min
       @max = max
       @idle_timeout = idle_timeout
@@ -130,6 +138,7 @@ module Serval
     # GVL) keep method calls off the path while the pool is at its size.
     def work
       Fairness.apply(Thread.current) # docs/tuning.md "Fairness"; Server#run set this process's slice
+      run_hooks(:before_thread_start, @on_start) if @on_start
       while true # rubocop:disable Style/InfiniteLoop
         wait = @threads.size > @max ? [LANE_WAIT, @idle_timeout].min : @idle_timeout
         request = @core.next(wait)
@@ -145,10 +154,33 @@ module Serval
         ensure
           @busy -= 1
         end
+        out_of_band if @out_of_band && @busy.zero?
         break if @threads.size > @max + @lane && surplus?
       end
     ensure
+      run_hooks(:before_thread_exit, @on_exit) if @on_exit
       @mutex.synchronize { @threads.delete(Thread.current) }
+    end
+
+    # Puma's out_of_band: the process is idle (no request in flight or
+    # queued); one thread at a time runs the hooks.
+    def out_of_band
+      return unless @core.stats[:queued].zero?
+      return unless @mutex.synchronize { !@oob_running && (@oob_running = true) }
+
+      begin
+        run_hooks(:out_of_band, @out_of_band)
+      ensure
+        @oob_running = false
+      end
+    end
+
+    def run_hooks(name, hooks)
+      hooks.each do |hook|
+        hook.call
+      rescue StandardError => e
+        @log_writer.exception(e, "serval: #{name} hook failed")
+      end
     end
 
     def grow
