@@ -72,6 +72,17 @@ module Serval
       after_worker_boot: [].freeze,
       before_worker_shutdown: [].freeze,
       after_worker_shutdown: [].freeze,
+      before_worker_fork: [].freeze,
+      after_booted: [].freeze,     # Puma's lifecycle hooks (lib/serval/events.rb)
+      before_restart: [].freeze,
+      after_stopped: [].freeze,
+      before_refork: [].freeze,    # accepted; runs once refork exists (fork_worker)
+      after_refork: [].freeze,
+      before_thread_start: [].freeze, # in each request thread (ThreadPool)
+      before_thread_exit: [].freeze,
+      out_of_band: [].freeze,         # when a request ends and none is in flight or queued
+      puma_plugins: [].freeze,        # [name, instance] of each Puma plugin (lib/serval/puma_plugins.rb)
+      plugin_options: {}.freeze,      # what plugins' config methods set
       control_url: nil,
       control_auth_token: nil,
       metrics_bind: nil,
@@ -85,12 +96,32 @@ module Serval
       gvl_balance: true, # cluster: a GVL-bound worker leaves connections to siblings (docs/tuning.md)
       thread_polls: true, # request threads read requests between requests while the loop parks (docs/DESIGN.md)
       gvl_balance_interval: 1.0, # seconds: the load window, and the least time between two moves
-      agent_check_url: nil # tcp://HOST:PORT: HAProxy agent-check on the master (docs/deployment.md)
+      agent_check_url: nil, # tcp://HOST:PORT: HAProxy agent-check on the master (docs/deployment.md)
+      # Puma 8's DSL (docs/configuration.md "Every Puma 8 config method")
+      redirect_stdout: nil, redirect_stderr: nil, redirect_append: false, # stdout_redirect
+      log_formatter: nil,           # a callable applied to every line LogWriter prints
+      custom_logger: nil,           # an object with #write (or #<<) taking LogWriter's stdout lines
+      state_permission: nil,        # mode of the state file (default 0600)
+      raise_exception_on_sigterm: false, # true: after a TERM stop the process ends by SIGTERM (Puma's default)
+      supported_http_methods: nil,  # nil: any method; else a list, others get 501
+      worker_culling_strategy: :youngest,
+      idle_timeout: nil,            # seconds without a request, then a graceful stop
+      fiber_per_request: false,     # each request runs in a new Fiber (clean fiber locals)
+      shutdown_debug: false,        # true: dump threads when a stop begins; :on_force: when requests outlive the drain
+      restart_command: nil,         # what a hot restart execs instead of this ruby and script
+      rack_url_scheme: nil,         # env["rack.url_scheme"] on plain connections (TLS ones say https)
+      app: nil,                     # a Rack app given in the config file instead of the rackup file
+      silence_single_worker_warning: false, silence_fork_callback_warning: false
     }.freeze
+
+    # Values finish does not freeze: objects the user gave, used as they are.
+    UNFROZEN = %i[custom_logger app log_formatter].freeze
 
     # Cluster hooks => how many arguments their blocks receive.
     HOOKS = { before_fork: 0, before_worker_boot: 1, after_worker_boot: 1,
-              before_worker_shutdown: 1, after_worker_shutdown: 1 }.freeze
+              before_worker_shutdown: 1, after_worker_shutdown: 1, before_worker_fork: 1,
+              after_booted: 0, before_restart: 0, after_stopped: 0, before_refork: 1, after_refork: 1,
+              before_thread_start: 0, before_thread_exit: 0, out_of_band: 0 }.freeze
 
     DAY = 86_400.0
     INT_MAX = 2**31 - 1
@@ -146,6 +177,10 @@ module Serval
       worker_check_interval: [:seconds, 0.05, 3600.0],
       before_fork: [:hooks], before_worker_boot: [:hooks], after_worker_boot: [:hooks],
       before_worker_shutdown: [:hooks], after_worker_shutdown: [:hooks],
+      before_worker_fork: [:hooks], after_booted: [:hooks], before_restart: [:hooks], after_stopped: [:hooks],
+      before_refork: [:hooks], after_refork: [:hooks], before_thread_start: [:hooks], before_thread_exit: [:hooks],
+      out_of_band: [:hooks],
+      puma_plugins: [:any], plugin_options: [:any],
       control_url: [:bind_or_nil],
       control_auth_token: [:string_or_nil],
       metrics_bind: [:bind_or_nil],
@@ -159,7 +194,21 @@ module Serval
       gvl_balance: [:bool],
       thread_polls: [:bool],
       gvl_balance_interval: [:seconds, 0.2, 60.0],
-      agent_check_url: [:tcp_or_nil]
+      agent_check_url: [:tcp_or_nil],
+      redirect_stdout: [:string_or_nil], redirect_stderr: [:string_or_nil], redirect_append: [:bool],
+      log_formatter: [:callable_or_nil],
+      custom_logger: [:logger],
+      state_permission: [:int_or_nil, 0, 0o777],
+      raise_exception_on_sigterm: [:bool],
+      supported_http_methods: [:methods],
+      worker_culling_strategy: [:choice, %i[youngest oldest]],
+      idle_timeout: [:seconds_or_nil, 0.001, DAY],
+      fiber_per_request: [:bool],
+      shutdown_debug: [:choice, [false, true, :on_force]],
+      restart_command: [:string_or_nil],
+      rack_url_scheme: [:string_or_nil],
+      app: [:callable_or_nil],
+      silence_single_worker_warning: [:bool], silence_fork_callback_warning: [:bool]
     }.freeze
 
     # The shortest advice_log_interval: each check costs ~0.2 s of Ruby CPU.
@@ -199,8 +248,11 @@ module Serval
       file_options = {}
       file_sources = {}
       if @config_file
-        DSL.new(file_options, warn, sources: file_sources, source: "config file #{@config_file}",
-                                    default_host: default_host).load_file(@config_file)
+        dsl = DSL.new(file_options, warn, sources: file_sources, source: "config file #{@config_file}",
+                                          default_host: default_host).load_file(@config_file)
+        # Puma's `single { }` / `cluster { }`: run once every layer's workers is known
+        workers = [cli, file_options, env_options].map { |h| h[:workers] }.compact.first || 0
+        dsl.run_mode_blocks(self.class.coerce(:workers, workers).positive? ? :cluster : :single)
       end
       sources = (DEFAULTS.keys - [:sources]).to_h { |k| [k, "default"] }
       sources.merge!(launcher_sources, env_sources, file_sources, cli_sources)
@@ -216,7 +268,7 @@ module Serval
       out = hash.to_h { |key, value| [key, coerce(key, value)] }
       settle_auto(out)
       check_relations(out)
-      out.each_value { |v| v.freeze unless v.is_a?(Proc) || v.respond_to?(:call) }
+      out.each { |k, v| v.freeze unless v.is_a?(Proc) || v.respond_to?(:call) || UNFROZEN.include?(k) }
       out.freeze
     end
 
@@ -281,8 +333,50 @@ module Serval
       when :tcp_or_nil then value.nil? ? nil : tcp_url(name, value)
       when :plugins then plugins(name, value)
       when :sources then sources(name, value)
+      when :any then value
       when :timeslice then Fairness.coerce(name, value, min, max, DEFAULTS[key])
+      when :seconds_or_nil then value.nil? ? nil : range(name, seconds(name, value), min, max)
+      when :callable_or_nil then callable(name, value)
+      when :logger then logger(name, value)
+      when :methods then http_methods(name, value)
+      when :choice then choice(name, value, min)
       end
+    end
+
+    def self.callable(name, value)
+      return nil if value.nil?
+      raise ConfigError, "#{name}: expected a block or a callable, got #{value.inspect}" unless value.respond_to?(:call)
+
+      value
+    end
+
+    # Puma's custom_logger: LogWriter's stdout lines go to its #write (else #<<).
+    def self.logger(name, value)
+      return nil if value.nil?
+      return value if value.respond_to?(:write) || value.respond_to?(:<<)
+
+      raise ConfigError, "#{name}: expected an object with #write or #<< (a Logger, an IO), got #{value.inspect}"
+    end
+
+    # nil (any method), :any, or a non-empty list of distinct method names
+    # (upper case letters, digits, - and _, as HTTP tokens go).
+    def self.http_methods(name, value)
+      return nil if value.nil? || value.to_s == "any"
+
+      list = value.is_a?(Array) ? value.map { |m| m.is_a?(Symbol) ? m.to_s : m } : nil
+      unless list && !list.empty? && list.all? { |m| m.is_a?(String) && m.match?(/\A[A-Z0-9!#$%&'*+.^_`|~-]+\z/) } &&
+             list.uniq.size == list.size
+        raise ConfigError, "#{name}: expected :any or a list of distinct upper-case method names, got #{value.inspect}"
+      end
+
+      list.map { |m| m.dup.freeze }.freeze
+    end
+
+    def self.choice(name, value, allowed)
+      value = value.to_sym if value.is_a?(String)
+      return value if allowed.include?(value)
+
+      raise ConfigError, "#{name}: expected one of #{allowed.map(&:inspect).join(', ')}, got #{value.inspect}"
     end
 
     def self.int(name, value)

@@ -13,26 +13,16 @@ module Serval
   #   port ENV.fetch("PORT", 3000)
   #   max_body 10 * 1024 * 1024
   class DSL
-    # Puma options Serval accepts and ignores with a warning.
-    UNSUPPORTED = %i[
-      worker_culling_strategy fork_worker prune_bundler nakayoshi_fork
-      extra_runtime_dependencies wait_for_less_busy_worker silence_single_worker_warning
-      silence_fork_callback_warning on_worker_fork after_worker_fork before_worker_fork on_restart
-      before_restart on_refork before_refork after_refork on_booted after_booted on_stopped
-      after_stopped on_thread_start on_thread_exit before_thread_start before_thread_exit
-      out_of_band state_permission stdout_redirect queue_requests restart_command
-      custom_logger log_formatter
-      raise_exception_on_sigterm set_remote_address shutdown_debug clean_thread_locals
-      max_fast_inline io_selector_backend enable_keep_alives supported_http_methods rack_url_scheme
-      bind_to_activated_sockets debug_rack_app
-    ].freeze
+    # Puma options Serval accepts and ignores with a warning. The rest of
+    # Puma 8's DSL beyond this file: lib/serval/dsl_puma.rb.
+    UNSUPPORTED = %i[set_remote_address].freeze
 
     # Serval options set with one value, named like their keys.
     PLAIN = %i[
       max_request_line max_head max_headers max_body body_spill max_chunk_ext
       first_data_timeout read_timeout persistent_timeout write_timeout max_connections
       output_buffer output_budget max_spill max_keepalive_requests min_body_rate max_queue_time tmpdir
-      drain_timeout thread_idle_timeout backlog environment rackup directory pidfile tag state_path metrics_bind
+      drain_timeout thread_idle_timeout backlog environment rackup directory pidfile state_path metrics_bind
       control_url control_auth_token error_log_limit gvl_balance gvl_balance_interval agent_check_url thread_polls
       threads_auto_max auto_interval max_io_threads io_lane_idle
     ].freeze
@@ -160,15 +150,22 @@ module Serval
       set(:early_hints, value)
     end
 
-    # Puma's `plugin :name`. tmp_restart runs (lib/serval/plugins.rb); systemd's
-    # job is built in; any other plugin is named in a warning and ignored.
+    # Puma's `plugin :name`. tmp_restart is Serval's own (lib/serval/plugins);
+    # systemd's job is built in; any other name is a Puma plugin, loaded now
+    # from puma/plugin/NAME on the load path and started with the launcher
+    # (lib/serval/puma_plugins.rb). A plugin that cannot be found fails the
+    # boot, as in Puma.
     def plugin(name)
-      name = Configuration.string(:plugin, name)
+      name = Configuration.string(:plugin, name.to_s)
       if Configuration::PLUGINS.include?(name)
         store(:plugins, [*@options[:plugins], name].uniq, accumulate: true)
       elsif !BUILT_IN_PLUGINS.include?(name)
-        @warn.call("serval: plugin `#{name}` is not supported and is ignored " \
-                   "(Serval runs: #{Configuration::PLUGINS.join(', ')}; systemd notification is built in)")
+        require "serval/puma_plugins"
+        return nil if (@options[:puma_plugins] || []).any? { |n, _| n == name }
+
+        instance = PumaPlugins.create(name)
+        store(:puma_plugins, [*@options[:puma_plugins], [name, instance]], accumulate: true)
+        instance.config(self) if instance.respond_to?(:config)
       end
       nil
     end
@@ -252,18 +249,23 @@ module Serval
       set(:worker_check_interval, seconds)
     end
 
-    # Cluster hooks; each may be given many times (run in order).
+    # Puma's hooks (docs/configuration.md "Hooks"); each may be given many
+    # times (run in order). Those Puma passes the worker index take
+    # `hook(:key) { |index, data| }` too: data is a Hash kept per key and
+    # per process, shared by the hooks given that key.
     Configuration::HOOKS.each_key do |key|
-      define_method(key) { |callable = nil, &block| hook(key, key, callable || block) }
+      define_method(key) { |*args, &block| hook(key, key, *args, &block) }
     end
 
-    # Puma's older names for the same hooks.
-    def on_worker_boot(callable = nil, &block)
-      hook(:before_worker_boot, :on_worker_boot, callable || block)
-    end
+    # Puma's other names for the same hooks.
+    HOOK_ALIASES = { on_worker_boot: :before_worker_boot, on_worker_shutdown: :before_worker_shutdown,
+                     on_worker_fork: :before_worker_fork, after_worker_fork: :after_worker_boot,
+                     on_booted: :after_booted, on_restart: :before_restart, on_stopped: :after_stopped,
+                     on_refork: :before_refork, on_thread_start: :before_thread_start,
+                     on_thread_exit: :before_thread_exit }.freeze
 
-    def on_worker_shutdown(callable = nil, &block)
-      hook(:before_worker_shutdown, :on_worker_shutdown, callable || block)
+    HOOK_ALIASES.each do |name, key|
+      define_method(name) { |*args, &block| hook(key, name, *args, &block) }
     end
 
     CONTROL_KEYS = %i[auth_token no_token data_only].freeze
@@ -291,12 +293,18 @@ module Serval
       define_method(name) { |*_args, **_kw, &_block| unsupported(name) }
     end
 
-    def method_missing(name, *_args, &_block)
+    # A config method a Puma plugin added (`solid_queue_mode :async`) runs
+    # on a Puma::DSL whose @options is options[:plugin_options].
+    def method_missing(name, *args, **kwargs, &block)
+      if defined?(PumaPlugins) && PumaPlugins.dsl_method?(name)
+        plugin_options = (@options[:plugin_options] ||= {})
+        return PumaPlugins.call_dsl(name, plugin_options, args, kwargs, block)
+      end
       raise ConfigError, "unknown config option `#{name}`"
     end
 
-    def respond_to_missing?(_name, _include_private = false)
-      false
+    def respond_to_missing?(name, include_private = false)
+      (defined?(PumaPlugins) && PumaPlugins.dsl_method?(name)) || super
     end
 
     private
@@ -305,11 +313,35 @@ module Serval
       store(key, Configuration.coerce(key, value, name: name))
     end
 
-    def hook(key, name, callable)
-      raise ConfigError, "#{name}: give a block" unless callable
+    # hook(key, name, callable) or hook(key, name, :data_key) { |index, data| }
+    def hook(key, name, *args, &block)
+      raise ConfigError, "#{name}: give a block or a callable, not both" if args.size > 1 || (block && args.first.respond_to?(:call))
 
+      callable = block || args.first
+      data_key = block ? args.first : nil
+      raise ConfigError, "#{name}: give a block" unless callable.respond_to?(:call)
+
+      if data_key
+        unless data_key.is_a?(Symbol) || data_key.is_a?(String)
+          raise ConfigError, "#{name}: the key must be a Symbol or a String, got #{data_key.inspect}"
+        end
+
+        callable = with_hook_data(Configuration::HOOKS.fetch(key), data_key.to_sym, callable)
+      end
       list = Configuration.coerce(key, [callable], name: name)
       store(key, ((@options[key] || []) + list).freeze, accumulate: true)
+    end
+
+    # Puma's keyed hooks: the block gets the hook's arguments and a Hash
+    # shared by every hook of that key in this process (a forked worker has
+    # its own copy).
+    def with_hook_data(allowed, data_key, block)
+      shared = (@hook_data ||= Hash.new { |h, k| h[k] = {} })
+      if allowed.zero?
+        proc { block.call(shared[data_key]) }
+      else
+        proc { |arg = nil| block.call(arg, shared[data_key]) }
+      end
     end
 
     # The one way values are written. accumulate: the value adds to what this
@@ -336,3 +368,5 @@ module Serval
     end
   end
 end
+
+require "serval/dsl_puma"
