@@ -18,8 +18,8 @@ step() { echo "== rails leg: $* ($(($(date +%s) - t0)) s)"; }
 
 prefix="${RUBY33:-$(bash .ci/ruby33.sh | tail -n 1)}"
 export PATH="$prefix/bin:$PATH"
-# Ruby 3.3's own Bundler, not the root lockfile's 2.3 (which warns on 3.3).
-export BUNDLE_VERSION=system
+# Every lockfile names Ruby 3.3's own Bundler (2.5.22): no BUNDLE_VERSION needed.
+unset BUNDLE_VERSION
 unset BUNDLE_GEMFILE RUBYOPT
 
 SUDO=""

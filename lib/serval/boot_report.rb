@@ -23,6 +23,8 @@ module Serval
              "* Binds: #{options[:binds].join(', ')} (#{source(options, :binds)})"]
       plugins = options.fetch(:plugins, [])
       out << "* Plugins: #{plugins.join(', ')} (#{source(options, :plugins)})" unless plugins.empty?
+      puma = options.fetch(:puma_plugins, []).map(&:first)
+      out << "* Puma plugins: #{puma.join(', ')} (#{source(options, :puma_plugins)})" unless puma.empty?
       out
     end
 
