@@ -127,7 +127,7 @@ class ConfigurationTest < Minitest::Test
       worker_timeout 60
     RUBY
     assert_equal Serval::Configuration::DEFAULTS[:binds], options[:binds]
-    assert_equal ["serval: config option `fork_worker` is not supported yet and is ignored"], @warnings
+    assert_equal ["serval: config option `fork_worker` is not supported yet and is ignored (refork issue)"], @warnings
     assert_equal [2, true, 60.0, 1], options.values_at(:workers, :preload_app, :worker_timeout).push(options[:before_worker_boot].size)
     assert_equal ["tmp_restart"], options[:plugins]
   end

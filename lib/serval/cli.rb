@@ -2,11 +2,13 @@
 
 require "optparse"
 require "rbconfig"
+require "shellwords"
 require "serval/version"
 require "serval/errors"
 require "serval/configuration"
 require "serval/dsl"
 require "serval/log_writer"
+require "serval/signals"
 
 module Serval
   # `serval [options] [rackup file]`. Flags are applied through the same DSL as
@@ -58,7 +60,11 @@ module Serval
                                    warn: ->(msg) { @stderr.puts(msg) })
       log_writer = LogWriter.new(stdout: @stdout, stderr: @stderr,
                                  quiet: options[:quiet], verbose: options[:verbose])
-      run_launcher(options, log_writer)
+      status = run_launcher(options, log_writer)
+      # Puma's raise_exception_on_sigterm: a TERM stop ends the process by SIGTERM
+      raise SignalException, "TERM" if options[:raise_exception_on_sigterm] && Signals.term_received?
+
+      status
     rescue OptionParser::ParseError => e
       fail_with("#{e.message} (see serval --help)")
     rescue ConfigError => e
@@ -69,7 +75,7 @@ module Serval
 
     def run_launcher(options, log_writer)
       require "serval/launcher"
-      Launcher.new(options, log_writer: log_writer, restart_argv: restart_argv).run
+      Launcher.new(options, log_writer: log_writer, restart_argv: restart_argv(options[:restart_command])).run
     rescue ConfigError
       raise
     rescue StandardError, ScriptError => e
@@ -77,8 +83,11 @@ module Serval
       1
     end
 
-    # What a hot restart (USR2) execs: this same command line.
-    def restart_argv
+    # What a hot restart (USR2) execs: this same command line, or Puma's
+    # restart_command followed by the same arguments.
+    def restart_argv(command = nil)
+      return [*Shellwords.split(command), *@original_argv] if command
+
       [RbConfig.ruby, *($VERBOSE ? ["-w"] : []), File.expand_path($PROGRAM_NAME), *@original_argv]
     end
 
@@ -167,6 +176,10 @@ module Serval
       on(o, "--thread-polls", "Request threads read new requests between requests, the loop parks (default; docs/DESIGN.md)") { @dsl.thread_polls(true) }
       on(o, "--no-thread-polls", "The event-loop thread reads every request and wakes a thread for it") { @dsl.thread_polls(false) }
       on(o, "--agent-check-url URL", "Answer HAProxy agent-check on tcp://HOST:PORT (docs/deployment.md)") { |v| @dsl.agent_check_url(v) }
+      on(o, "--idle-timeout SEC", "Stop gracefully after SEC without a request") { |v| @dsl.idle_timeout(v) }
+      on(o, "--redirect-stdout FILE", "Send stdout to FILE (reopened on HUP)") { |v| @dsl.stdout_redirect(v, @cli[:redirect_stderr], @cli[:redirect_append]) }
+      on(o, "--redirect-stderr FILE", "Send stderr to FILE (reopened on HUP)") { |v| @dsl.stdout_redirect(@cli[:redirect_stdout], v, @cli[:redirect_append]) }
+      on(o, "--redirect-append", "Append to the redirect files instead of truncating them") { @dsl.stdout_redirect(@cli[:redirect_stdout], @cli[:redirect_stderr], true) }
       o.separator "Accepted from Puma, not supported yet (warn only):"
       on(o, "--fork-worker [N]", "Refork from worker 0") { @dsl.fork_worker }
     end

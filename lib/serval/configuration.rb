@@ -350,12 +350,12 @@ module Serval
       value
     end
 
-    # Puma's custom_logger: LogWriter's stdout lines go to its #write (else #<<).
+    # Puma's custom_logger: LogWriter's stdout lines go to its #write (a Logger: #<<).
     def self.logger(name, value)
       return nil if value.nil?
-      return value if value.respond_to?(:write) || value.respond_to?(:<<)
+      return value if value.respond_to?(:write) || (value.respond_to?(:<<) && value.respond_to?(:info))
 
-      raise ConfigError, "#{name}: expected an object with #write or #<< (a Logger, an IO), got #{value.inspect}"
+      raise ConfigError, "#{name}: expected an object with #write (an IO) or a Logger, got #{value.inspect}"
     end
 
     # nil (any method), :any, or a non-empty list of distinct method names

@@ -168,6 +168,8 @@ module Serval
       @state = StateFile.new(@options[:state_path])
       @state.write(pid: Process.pid, control_url: @control_urls.first, control_auth_token: @token,
                    running_from: Dir.pwd)
+      # state_permission (Puma's): the file is written 0600, then given this mode
+      File.chmod(@options[:state_permission], @state.path) if @options[:state_permission]
     end
   end
 end

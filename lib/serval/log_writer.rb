@@ -7,12 +7,24 @@ module Serval
   class LogWriter
     attr_reader :stdout, :stderr
 
+    # Puma's log_formatter: a callable given each line, printing what it
+    # returns. Puma's custom_logger: an object whose #write (else #<<) takes
+    # the stdout lines (boot, notices, access) in place of stdout.
+    attr_accessor :formatter, :custom_logger
+
     def initialize(stdout: $stdout, stderr: $stderr, quiet: false, verbose: false)
       @stdout = stdout
       @stderr = stderr
       @quiet = quiet
       @verbose = verbose
       @mutex = Mutex.new
+    end
+
+    # From the configuration (Launcher): log_formatter, custom_logger.
+    def configure(options)
+      @formatter = options[:log_formatter] if options[:log_formatter]
+      @custom_logger = options[:custom_logger] if options[:custom_logger]
+      self
     end
 
     def quiet?
@@ -64,14 +76,33 @@ module Serval
     end
 
     def write(io, message)
-      text = message.to_s
+      text = format(message.to_s)
       text += "\n" unless text.end_with?("\n")
+      return log_to(@custom_logger, text) if @custom_logger && io.equal?(@stdout)
+
       @mutex.synchronize do
         io.write(text)
         io.flush if io.respond_to?(:flush)
       end
     rescue IOError, SystemCallError
       nil # a closed or broken log stream must never take the server down
+    end
+
+    # Each line through the formatter; a formatter that raises leaves the line as it was.
+    def format(text)
+      return text unless @formatter
+
+      text.split("\n").map do |line|
+        @formatter.call(line).to_s
+      rescue StandardError
+        line
+      end.join("\n")
+    end
+
+    def log_to(logger, text)
+      @mutex.synchronize { logger.respond_to?(:write) ? logger.write(text) : logger << text }
+    rescue StandardError
+      nil
     end
   end
 end

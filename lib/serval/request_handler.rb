@@ -5,6 +5,7 @@ require "serval/response_writer"
 require "serval/hijack"
 require "serval/timing"
 require "serval/empty_input"
+require "serval/app_wrappers"
 
 module Serval
   # Turns one native Request into a Rack call and its response.
@@ -19,9 +20,9 @@ module Serval
     attr_reader :timing
 
     def initialize(app, options, log_writer)
-      @app = app
+      @app = AppWrappers.wrap(app, options) # supported_http_methods, fiber_per_request
       @log_writer = log_writer
-      @template = env_template.freeze
+      @template = env_template(options[:rack_url_scheme]).freeze
       @early_hints = options[:early_hints]
       @log_requests = options[:log_requests]
       @errors = ErrorResponder.new(options[:lowlevel_error_handler], log_writer)
@@ -79,7 +80,7 @@ module Serval
 
     private
 
-    def env_template
+    def env_template(url_scheme = nil)
       # Every request sets these (Request#env in C): first in the template,
       # they make its copy a table already sized for a whole env, whose
       # values C then fills in place in one pass over the table's first
@@ -92,7 +93,7 @@ module Serval
         "rack.multithread" => true,
         "rack.multiprocess" => false,
         "rack.run_once" => false,
-        "rack.url_scheme" => "http",
+        "rack.url_scheme" => url_scheme || "http", # TLS connections set https
         "rack.hijack?" => true,
         "rack.input" => EmptyInput # a request with a body sets its own
       )

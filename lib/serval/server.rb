@@ -82,6 +82,7 @@ module Serval
       @core.shutdown([deadline - now, 0].max)
       unless stragglers.empty?
         @log_writer.error("serval: #{stragglers.size} request(s) still running after #{timeout}s, stopping them")
+        Launcher::Support.dump_threads(@log_writer, "serval[#{Process.pid}]") if @options[:shutdown_debug] == :on_force && defined?(Launcher::Support)
         @thread_pool.kill
       end
       @error_log.stop

@@ -31,6 +31,14 @@ module Serval
 
     attr_reader :reader
 
+    class << self
+      # Whether this process got SIGTERM (raise_exception_on_sigterm: the
+      # CLI then ends the process by that signal, as Puma does).
+      def term_received? = !!@term_received
+
+      attr_writer :term_received
+    end
+
     def initialize
       @reader, @writer = IO.pipe
       @old = {}
@@ -41,7 +49,14 @@ module Serval
       table.each do |sig, command|
         next unless Signal.list.key?(sig)
 
-        @old[sig] = Signal.trap(sig) { push(command) }
+        @old[sig] = if sig == "TERM"
+                      Signal.trap(sig) do
+                        Signals.term_received = true
+                        push(command)
+                      end
+                    else
+                      Signal.trap(sig) { push(command) }
+                    end
       end
       self
     end

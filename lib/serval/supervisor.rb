@@ -151,6 +151,7 @@ module Serval
       Systemd.notify_stopping unless @restarting
       @log_writer.info(how == :halt ? "- Stopping now" : "- Gracefully stopping, waiting up to #{@options[:drain_timeout]}s for requests to finish")
       stop_serving(how)
+      on_dump_threads if @options[:shutdown_debug] == true # Puma's shutdown_debug: this process's and the workers'
     end
 
     # After a restart's drain: the binder's sockets (fd numbers and URLs in
