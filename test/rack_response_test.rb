@@ -520,4 +520,150 @@ class RackResponseTest < Minitest::Test
       assert_match %r{\AHTTP/1\.1 299 ?\r\n}, http(port, close_request("/299")).head
     end
   end
+
+  # Rack requires String header values; Puma writes any value's to_s (nil:
+  # empty) and apps rely on it (a Rails app setting a header from an unset
+  # ENV variable): so does Serval, warning once per header name in
+  # development (lib/serval/response_leniency.rb).
+  def test_non_string_header_values_are_written_as_puma_writes_them
+    app = lambda do |env|
+      case env["PATH_INFO"]
+      when "/values"
+        [200, { "x-lenient-nil" => nil, "x-lenient-int" => 5, "x-lenient-sym" => :abc,
+                "x-lenient-arr" => ["a", nil, 3], "x-lenient-lines" => "a\nb\n", "x-lenient-empty" => "" }, ["ok"]]
+      when "/each" then [200, { "x-lenient-nil" => nil }, Each.new(["o", "k"])]
+      when "/length" then [200, { "content-length" => 2 }, Each.new(["ok"])]
+      when "/nil-length" then [200, { "content-length" => nil }, ["ok"]]
+      when "/symbol-name" then [200, { x_lenient_name: "v" }, ["ok"]]
+      else [200, TEXT.dup, ["fine"]]
+      end
+    end
+    with_server(app, lint: false) do |_server, port|
+      client = connect(port)
+      client.write("GET /values HTTP/1.1\r\nHost: h\r\n\r\n")
+      res = client.read_response
+      assert_equal 200, res.status
+      assert_includes res.head, "\r\nx-lenient-nil: \r\n"
+      assert_equal [""], res.values("x-lenient-nil")
+      assert_equal ["5"], res.values("x-lenient-int")
+      assert_equal ["abc"], res.values("x-lenient-sym")
+      assert_equal ["a", "", "3"], res.values("x-lenient-arr")
+      assert_equal ["a", "b"], res.values("x-lenient-lines"), "split on LF; no empty line for the trailing one"
+      assert_equal [""], res.values("x-lenient-empty")
+      assert_equal "ok", res.body
+      client.write("GET /each HTTP/1.1\r\nHost: h\r\n\r\n")
+      res = client.read_response
+      assert_equal [[""], "ok"], [res.values("x-lenient-nil"), res.body]
+      client.write("GET /length HTTP/1.1\r\nHost: h\r\n\r\n")
+      res = client.read_response
+      assert_equal [["2"], "ok"], [res.values("content-length"), res.body]
+      client.write("GET /nil-length HTTP/1.1\r\nHost: h\r\n\r\n")
+      res = client.read_response
+      assert_equal [["2"], "ok"], [res.values("content-length"), res.body], "a nil length: Serval's own"
+      client.write("GET /symbol-name HTTP/1.1\r\nHost: h\r\n\r\n")
+      assert_equal ["v"], client.read_response.values("x_lenient_name")
+      client.write("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+      assert_equal "fine", client.read_response.body, "the connection stays usable"
+    end
+    log = @server_log_writer.stderr.string
+    %w[x-lenient-nil x-lenient-int x-lenient-sym x-lenient-arr].each do |name|
+      assert_equal 1, log.scan(/response header "#{name}" has/).size, "one warning for #{name}:\n#{log}"
+    end
+    # once per process: another test of this process may have had it first
+    assert_operator log.scan(/response header "content-length" has/).size, :<=, 1
+    assert_equal 1, log.scan(/name :x_lenient_name is a Symbol/).size, log
+    refute_match(/x-lenient-(lines|empty)/, log, "String values are not warned about")
+    refute_match(/BadResponse/, log)
+  end
+
+  def test_the_lenient_values_warning_is_for_development_only
+    app = ->(_env) { [200, { "x-lenient-prod" => nil }, ["ok"]] }
+    before = ENV.fetch("RACK_ENV", nil)
+    ENV["RACK_ENV"] = "production"
+    with_server(app, lint: false) do |_server, port|
+      assert_equal [""], http(port, close_request).values("x-lenient-prod")
+    end
+    refute_match(/x-lenient-prod/, @server_log_writer.stderr.string)
+  ensure
+    ENV["RACK_ENV"] = before
+  end
+
+  # A second content-length (names differing in case): the same length is
+  # written once; two lengths are a 500 (a client or proxy could pick
+  # either: the response would be framed two ways). None on a 204.
+  def test_duplicate_content_length_headers
+    app = lambda do |env|
+      case env["PATH_INFO"]
+      when "/same" then [200, { "content-length" => "2", "Content-Length" => "2" }, ["ok"]]
+      when "/differ" then [200, { "content-length" => "2", "Content-Length" => "3" }, ["ok"]]
+      when "/204" then [204, { "content-length" => "0", "transfer-encoding" => "chunked" }, []]
+      else [200, TEXT.dup, ["fine"]]
+      end
+    end
+    with_server(app, lint: false) do |_server, port|
+      client = connect(port)
+      client.write("GET /same HTTP/1.1\r\nHost: h\r\n\r\n")
+      res = client.read_response
+      assert_equal [["2"], "ok"], [res.values("content-length"), res.body]
+      client.write("GET /differ HTTP/1.1\r\nHost: h\r\n\r\n")
+      assert_equal 500, client.read_response.status
+      client.write("GET /204 HTTP/1.1\r\nHost: h\r\n\r\n")
+      res = client.read_response
+      assert_equal 204, res.status
+      assert_empty res.values("content-length")
+      assert_empty res.values("transfer-encoding")
+      client.write("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+      assert_equal "fine", client.read_response.body
+    end
+    assert_match(/two content-length response headers that differ \(2 and 3\)/, @server_log_writer.stderr.string)
+  end
+
+  # The status as Puma reads it (to_i): "200" and 202.0 work; what is no
+  # three-digit final status is a 500 (Puma would write "HTTP/1.1 0 CUSTOM").
+  def test_status_given_as_a_string_or_an_integer_like_object
+    to_i_only = Object.new
+    def to_i_only.to_i = 203
+    statuses = { "/string" => "201", "/spaced" => " 206", "/float" => 202.0, "/to-i" => to_i_only,
+                 "/nil" => nil, "/word" => "abc", "/big" => 1000, "/info" => 100, "/symbol" => :ok }
+    app = ->(env) { [statuses.fetch(env["PATH_INFO"], 200), {}, ["x"]] }
+    with_server(app, lint: false) do |_server, port|
+      client = connect(port)
+      expected = { "/string" => 201, "/spaced" => 206, "/float" => 202, "/to-i" => 203,
+                   "/nil" => 500, "/word" => 500, "/big" => 500, "/info" => 500, "/symbol" => 500 }
+      expected.each do |path, status|
+        client.write("GET #{path} HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert_equal status, client.read_response.status, path
+      end
+    end
+    log = @server_log_writer.stderr.string
+    assert_match(/invalid status nil/, log)
+    assert_match(/invalid status "abc"/, log)
+    assert_match(/status 100 is informational/, log)
+  end
+
+  # What Serval refuses (CR in a value: response splitting) is logged as one
+  # line per response naming the cause, the first of each cause saying why.
+  def test_a_refused_response_is_logged_once_per_occurrence_and_explained_once
+    app = lambda do |env|
+      case env["PATH_INFO"]
+      when "/split" then [200, { "x-refused-split" => "a\r\nset-cookie: evil=1" }, ["x"]]
+      else [200, TEXT.dup, ["fine"]]
+      end
+    end
+    with_server(app, lint: false) do |_server, port|
+      client = connect(port)
+      2.times do
+        client.write("GET /split HTTP/1.1\r\nHost: h\r\n\r\n")
+        res = client.read_response
+        assert_equal 500, res.status
+        refute_includes res.head, "evil"
+      end
+      client.write("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+      assert_equal "fine", client.read_response.body
+    end
+    lines = @server_log_writer.stderr.string.lines.grep(/x-refused-split/)
+    assert_equal 2, lines.size, lines.join
+    assert_match(/GET \/split: Serval::BadResponse: response header x-refused-split: control character 0x0d/, lines[0])
+    assert_equal 1, lines.grep(/What Serval accepts in a response/).size, lines.join
+  end
 end

@@ -26,6 +26,8 @@ class RespondTest < Minitest::Test
       when "/sub" then [200, {}, ArraySub["sub", "class"]]
       when "/notstring" then [200, {}, ["ok", 1]]
       when "/frozen" then [200, {}.freeze, ["frozen"].freeze]
+      when "/lenient" then ["201", { "x-respond-nil" => nil, "x-respond-int" => 7, "content-length" => 2 }, ["ok"]]
+      when "/refused" then [200, { "x-respond-first" => "1", "x-respond-cr" => "a\rb" }, ["no"]]
       else [200, {}, ["other #{env['PATH_INFO']}"]]
       end
     end
@@ -75,6 +77,21 @@ class RespondTest < Minitest::Test
       assert_equal [200, "5", ""], [r.status, r["content-length"], r.body]
       r = client.write(get("/nocontent")).read_response
       assert_equal [204, nil], [r.status, r["content-length"]]
+      assert_equal "other /after", client.write(get("/after")).read_response.body
+    end
+  end
+
+  # The one-call path takes what head.c writes leniently (nil, an Integer,
+  # a String status, an Integer length) as ResponseWriter's path does, and a
+  # refused head leaves nothing of itself before the 500.
+  def test_lenient_and_refused_heads_through_respond
+    with_client do |client|
+      r = client.write(get("/lenient")).read_response
+      assert_equal [201, [""], ["7"], ["2"], "ok"],
+                   [r.status, r.headers.select { |k, _| k == "x-respond-nil" }.map(&:last), [r["x-respond-int"]],
+                    [r["content-length"]], r.body]
+      r = client.write(get("/refused")).read_response
+      assert_equal [500, nil], [r.status, r["x-respond-first"]]
       assert_equal "other /after", client.write(get("/after")).read_response.body
     end
   end

@@ -10,9 +10,13 @@
 
 typedef struct {
     sv_conn *c;
+    int code;
     int has_cl, has_te, has_date, conn_close, hijack;
     int64_t app_cl;
 } head_ctx;
+
+/* A header name in a message: at most 64 bytes of it. */
+#define NAME_ARG(p, n) (int)((n) > 64 ? 64 : (n)), (p)
 
 static void out(sv_conn *c, const char *p, size_t n)
 {
@@ -41,21 +45,26 @@ static void check_name(const char *p, long n)
         rb_raise(sv_eBadResponse, "empty response header name");
     for (long i = 0; i < n; i++)
         if (!sv_is_tchar((unsigned char)p[i]))
-            rb_raise(sv_eBadResponse, "invalid response header name %.*s", (int)(n > 64 ? 64 : n), p);
+            rb_raise(sv_eBadResponse, "invalid response header name %+" PRIsVALUE " (not an HTTP token)",
+                     rb_str_new(p, n > 64 ? 64 : n));
 }
 
-static void check_value(const char *p, long n)
+/* CR, NUL and the other controls (a lone LF has split the value into lines
+ * already): Puma drops such a line silently, Serval answers 500, since a
+ * CR in a value built from request data is how responses are split. */
+static void check_value(const char *name, long nlen, const char *p, long n)
 {
     for (long i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)p[i];
         if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
-            rb_raise(sv_eBadResponse, "invalid character in a response header value");
+            rb_raise(sv_eBadResponse, "response header %.*s: control character 0x%02x in the value (%s)",
+                     NAME_ARG(name, nlen), ch, ch == '\r' ? "CR: response splitting" : "not allowed in HTTP");
     }
 }
 
 static void emit_line(head_ctx *x, const char *name, long nlen, const char *val, long vlen)
 {
-    check_value(val, vlen);
+    check_value(name, nlen, val, vlen);
     sv_buf *b = &x->c->out;
     size_t n = (size_t)nlen + 2 + (size_t)vlen + 2;
     if (sv_buf_reserve(b, n, SV_HEAD_LIMIT) != 0)
@@ -93,11 +102,15 @@ static void status_line(sv_conn *c, int code)
     out(c, line, 15 + plen); /* one append */
 }
 
-/* A String value may carry several lines (Rack 2 style). */
+/* A String value may carry several lines (Rack 2 style), one header line
+ * each; trailing newlines end the value (as Ruby's split, which Puma uses,
+ * drops trailing empty fields). */
 static void emit_string(head_ctx *x, const char *name, long nlen, VALUE v)
 {
     const char *p = RSTRING_PTR(v);
     long n = RSTRING_LEN(v);
+    while (n > 0 && p[n - 1] == '\n')
+        n--;
     for (;;) {
         const char *nl = memchr(p, '\n', (size_t)n);
         long len = nl ? (long)(nl - p) : n;
@@ -125,27 +138,60 @@ static int has_close_token(const char *p, long n)
     return 0;
 }
 
-static int64_t parse_length(VALUE v)
+/* The rare path of a response that Rack does not allow but Puma writes: a
+ * header value (or an Array value's element) that is not a String, a name
+ * that is a Symbol. Serval::ResponseLeniency.note warns once per header name
+ * in development (lib/serval/response_leniency.rb). */
+static void note_lenient(VALUE name, VALUE value)
+{
+    static ID id_serval, id_leniency, id_note;
+    if (!id_note) {
+        id_serval = rb_intern("Serval");
+        id_leniency = rb_intern("ResponseLeniency");
+        id_note = rb_intern("note");
+    }
+    VALUE serval = rb_const_get(rb_cObject, id_serval);
+    if (rb_const_defined_at(serval, id_leniency))
+        rb_funcall(rb_const_get_at(serval, id_leniency), id_note, 2, name, value);
+}
+
+/* to_s, as Puma writes such a value: nil is an empty value. */
+static VALUE lenient_value(VALUE key, VALUE v)
+{
+    note_lenient(key, v);
+    return NIL_P(v) ? rb_str_new(NULL, 0) : rb_obj_as_string(v);
+}
+
+static int64_t parse_length(VALUE key, VALUE v)
 {
     if (RB_TYPE_P(v, T_ARRAY) && RARRAY_LEN(v) == 1)
         v = RARRAY_AREF(v, 0);
+    if (!RB_TYPE_P(v, T_STRING) && !RB_TYPE_P(v, T_ARRAY))
+        v = lenient_value(key, v); /* an Integer length: its digits */
     if (!RB_TYPE_P(v, T_STRING) || RSTRING_LEN(v) == 0 || RSTRING_LEN(v) > 18)
-        rb_raise(sv_eBadResponse, "invalid content-length response header");
+        rb_raise(sv_eBadResponse, "invalid content-length response header %" PRIsVALUE,
+                 rb_str_substr(rb_inspect(v), 0, 64));
     int64_t n = 0;
     for (long i = 0; i < RSTRING_LEN(v); i++) {
         char ch = RSTRING_PTR(v)[i];
         if (ch < '0' || ch > '9')
-            rb_raise(sv_eBadResponse, "invalid content-length response header");
+            rb_raise(sv_eBadResponse, "invalid content-length response header %" PRIsVALUE,
+                     rb_str_substr(rb_inspect(v), 0, 64));
         n = n * 10 + (ch - '0');
     }
+    RB_GC_GUARD(v);
     return n;
 }
 
 static int header_i(VALUE key, VALUE val, VALUE arg)
 {
     head_ctx *x = (head_ctx *)arg;
-    if (!RB_TYPE_P(key, T_STRING))
-        rb_raise(sv_eBadResponse, "response header names must be Strings");
+    if (!RB_TYPE_P(key, T_STRING)) {
+        if (!RB_SYMBOL_P(key))
+            rb_raise(sv_eBadResponse, "response header names must be Strings, not %" PRIsVALUE, rb_obj_class(key));
+        note_lenient(key, val); /* a Symbol name: Puma writes it as its String */
+        key = rb_sym2str(key);
+    }
     const char *name = RSTRING_PTR(key);
     long nlen = RSTRING_LEN(key);
     if (nlen >= 5 && memcmp(name, "rack.", 5) == 0) {
@@ -156,9 +202,30 @@ static int header_i(VALUE key, VALUE val, VALUE arg)
     check_name(name, nlen);
     /* the four names the server acts on, told apart by length first */
     if (nlen == 14 && ieq(name, nlen, "content-length")) {
+        if (NIL_P(val)) {
+            note_lenient(key, val); /* no length given: as if the header were absent (Puma too) */
+            return ST_CONTINUE;
+        }
+        int64_t len = parse_length(key, val);
+        if (x->has_cl) { /* "content-length" and "Content-Length" both */
+            if (len != x->app_cl)
+                rb_raise(sv_eBadResponse, "two content-length response headers that differ (%lld and %lld)",
+                         (long long)x->app_cl, (long long)len);
+            return ST_CONTINUE; /* the same length: written once */
+        }
         x->has_cl = 1;
-        x->app_cl = parse_length(val);
+        x->app_cl = len;
+        if (x->code == 204)
+            return ST_CONTINUE; /* never on a 204 (RFC 9110 8.6) */
+        if (!RB_TYPE_P(val, T_STRING) && !(RB_TYPE_P(val, T_ARRAY) && RB_TYPE_P(RARRAY_AREF(val, 0), T_STRING))) {
+            char line[40];
+            int n = snprintf(line, sizeof(line), "%lld", (long long)len);
+            emit_line(x, name, nlen, line, n);
+            return ST_CONTINUE;
+        }
     } else if (nlen == 17 && ieq(name, nlen, "transfer-encoding")) {
+        if (x->code == 204)
+            return ST_CONTINUE; /* never on a 204 (RFC 9112 6.1) */
         x->has_te = 1;
     } else if (nlen == 4 && ieq(name, nlen, "date")) {
         x->has_date = 1;
@@ -174,13 +241,38 @@ static int header_i(VALUE key, VALUE val, VALUE arg)
         for (long i = 0; i < RARRAY_LEN(val); i++) {
             VALUE e = RARRAY_AREF(val, i);
             if (!RB_TYPE_P(e, T_STRING))
-                rb_raise(sv_eBadResponse, "response header %.*s has a non-String value", (int)(nlen > 64 ? 64 : nlen), name);
+                e = lenient_value(key, e); /* nil in an Array: an empty line, as Puma */
             emit_string(x, name, nlen, e);
+            RB_GC_GUARD(e);
         }
     } else {
-        rb_raise(sv_eBadResponse, "response header %.*s must be a String or an Array of Strings", (int)(nlen > 64 ? 64 : nlen), name);
+        VALUE s = lenient_value(key, val);
+        emit_string(x, name, nlen, s);
+        RB_GC_GUARD(s);
     }
+    RB_GC_GUARD(key);
     return ST_CONTINUE;
+}
+
+/* The status as Puma reads it (to_i): an Integer, a String ("200"), any
+ * object with to_int or to_i; then only a three-digit final status (or 101
+ * with a partial hijack, checked by the caller). */
+static int status_code(VALUE status)
+{
+    VALUE v = status;
+    if (!FIXNUM_P(v)) {
+        static ID id_to_i;
+        if (!id_to_i)
+            id_to_i = rb_intern("to_i");
+        if (RB_TYPE_P(v, T_STRING))
+            v = rb_str_to_inum(v, 10, 0); /* String#to_i: "200", " 200", "200 OK" */
+        else if (NIL_P(v = rb_check_to_int(status)) && rb_respond_to(status, id_to_i))
+            v = rb_funcall(status, id_to_i, 0);
+    }
+    long code = FIXNUM_P(v) ? FIX2LONG(v) : -1;
+    if (code < 100 || code > 999)
+        rb_raise(sv_eBadResponse, "invalid status %" PRIsVALUE, rb_str_substr(rb_inspect(status), 0, 64));
+    return (int)code;
 }
 
 /* A head that raised midway (sv_write_head) is taken back out of c->out. */
@@ -219,16 +311,14 @@ static const char *date_line(size_t *len)
 int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int flags)
 {
     int raw = (flags & SV_HEAD_RAW) != 0;
-    int code = NUM2INT(rb_Integer(status));
-    if (code < 100 || code > 999)
-        rb_raise(sv_eBadResponse, "invalid status %d", code);
+    int code = status_code(status);
     /* A 1xx is interim: as the final status the client would wait for the
      * real one forever. Only 101 with a partial hijack (the app takes over). */
     if (code < 200 && !(raw && code == 101))
         rb_raise(sv_eBadResponse, "status %d is informational, not a final response", code);
     sv_core *core = c->core;
     const sv_request *r = c->req;
-    head_ctx x = {c, 0, 0, 0, 0, 0, -1};
+    head_ctx x = {c, code, 0, 0, 0, 0, 0, -1};
     sv_head_rollback(c);
     /* Nothing of a bad head is sent: if anything below raises (a bad header,
      * a head too large), the partial head stays marked, and the next
