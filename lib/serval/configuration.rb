@@ -244,12 +244,15 @@ module Serval
       require "serval/env_config"
       @warn = warn
       env_options, env_sources = EnvConfig.read(env)
+      # RAILS_MAX_THREADS=auto / WEB_CONCURRENCY=auto become numbers before the
+      # config file runs: a file that loads the app sees a pool size, not "auto"
+      auto_value = EnvConfig.export_auto(env, cli, env_options)
       @config_file = find_file(config_file, cli[:environment] || env_options[:environment] || DEFAULTS[:environment])
       file_options = {}
       file_sources = {}
       if @config_file
         dsl = DSL.new(file_options, warn, sources: file_sources, source: "config file #{@config_file}",
-                                          default_host: default_host).load_file(@config_file)
+                                          default_host: default_host, auto_value: auto_value).load_file(@config_file)
         # Puma's `single { }` / `cluster { }`: run once every layer's workers is known
         workers = [cli, file_options, env_options].map { |h| h[:workers] }.compact.first || 0
         dsl.run_mode_blocks(self.class.coerce(:workers, workers).positive? ? :cluster : :single)

@@ -39,7 +39,11 @@ module Serval
     # warn:         callable receiving warning lines
     # sources:      a hash that gets key => source for every key written
     # default_host: the host `port N` binds (Puma's handler passes Rails's Host)
-    def initialize(options, warn, sources: nil, source: nil, default_host: nil)
+    # auto_value:   what RAILS_MAX_THREADS=auto was replaced with before the
+    #               file ran (EnvConfig.export_auto): `threads` given that
+    #               value means auto
+    def initialize(options, warn, sources: nil, source: nil, default_host: nil, auto_value: nil)
+      @auto_value = auto_value
       @options = options
       @warn = warn
       @sources = sources
@@ -126,7 +130,7 @@ module Serval
     end
 
     def auto?(value)
-      value.to_s == "auto"
+      value.to_s == "auto" || (!@auto_value.nil? && value.to_s.strip == @auto_value)
     end
 
     def log_requests(value = true)

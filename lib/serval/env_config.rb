@@ -44,6 +44,36 @@ module Serval
       [options, sources]
     end
 
+    # Before a config file runs: RAILS_MAX_THREADS (or PUMA_/MAX_THREADS)
+    # "auto" becomes the most threads auto may run (threads_auto_max from the
+    # command line, else the default; the launcher sets it again from the
+    # final options), and WEB_CONCURRENCY "auto" the processor count, so that
+    # an app loaded by the file (database.yml's pool) never reads "auto".
+    # Returns the threads value written (nil: none), which the file's
+    # `threads` reads as auto.
+    def export_auto(env, cli, env_options)
+      if env["WEB_CONCURRENCY"].to_s.strip == "auto"
+        require "etc"
+        env["WEB_CONCURRENCY"] = Etc.nprocessors.to_s
+      end
+      return nil unless env_options[:threads_auto]
+
+      value = (cli[:threads_auto_max] || Configuration::DEFAULTS[:threads_auto_max]).to_s
+      VARIABLES[:max_threads].each do |name|
+        next unless env[name].to_s.strip == "auto"
+
+        env[name] = value
+        exported[name] = value
+      end
+      value
+    end
+
+    # name => the value export_auto wrote (Launcher::Support.export_auto_threads
+    # replaces it with the final threads_auto_max).
+    def exported
+      @exported ||= {}
+    end
+
     def coerce(key, name, raw)
       Configuration.coerce(key, raw, name: name)
     rescue ConfigError => e

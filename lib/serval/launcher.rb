@@ -34,6 +34,8 @@ module Serval
       app ||= options[:app] # a config file's `app { }`
       require "serval/#{@mode}"
       mode_class = @mode == :cluster ? Cluster : Single # both Serval::Supervisor
+      require "serval/state_file" # a process's own server: the app's tmp/serval.state by default
+      options = StateFile.with_default(options) if signals
       @impl = mode_class.new(options, log_writer: log_writer, app: app, signals: signals, restart_argv: restart_argv)
       @events = Events.new(log_writer)
       Events::NAMES.each { |name| options.fetch(name, []).each { |hook| @events.register(name, hook) } }
@@ -175,8 +177,10 @@ module Serval
       def export_auto_threads(options, log_writer, env = ENV)
         return unless options[:threads_auto]
 
+        require "serval/env_config"
         %w[RAILS_MAX_THREADS PUMA_MAX_THREADS MAX_THREADS].each do |name|
-          next unless env[name].to_s.strip == "auto"
+          # "auto", or the number EnvConfig.export_auto put there before the config file ran
+          next unless env[name].to_s.strip == "auto" || (env[name] && EnvConfig.exported[name] == env[name])
 
           env[name] = options[:threads_auto_max].to_s
           log_writer.info("* #{name}=auto: the app sees #{name}=#{env[name]} (threads_auto_max), " \

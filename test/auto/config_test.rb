@@ -98,4 +98,31 @@ class AutoConfigTest < Minitest::Test
     Serval::Launcher::Support.export_auto_threads(load(argv: %w[-t 3]), Serval::LogWriter.new(stdout: log, stderr: log), env)
     assert_equal({ "RAILS_MAX_THREADS" => "auto" }, env)
   end
+
+  # A config file that loads the app on its first line (database.yml sizes
+  # its pool from RAILS_MAX_THREADS) never sees "auto", and Rails' stock
+  # `threads n, n` of that variable still means auto; WEB_CONCURRENCY=auto
+  # is the processor count by then.
+  def test_auto_variables_are_numbers_before_the_config_file_runs
+    file = <<~RUBY
+      raise "the app saw RAILS_MAX_THREADS=auto" if ENV["RAILS_MAX_THREADS"] == "auto"
+      raise "the app saw WEB_CONCURRENCY=auto" if ENV["WEB_CONCURRENCY"] == "auto"
+      count = ENV.fetch("RAILS_MAX_THREADS", 3)
+      threads count, count
+    RUBY
+    saved = ENV.to_h.slice("RAILS_MAX_THREADS", "WEB_CONCURRENCY")
+    ENV.update("RAILS_MAX_THREADS" => "auto", "WEB_CONCURRENCY" => "auto") # the file reads the real ENV
+    opts = load(env: ENV, file: file)
+    assert opts[:threads_auto]
+    assert_equal "16", ENV["RAILS_MAX_THREADS"]
+    assert_equal Etc.nprocessors.to_s, ENV["WEB_CONCURRENCY"]
+    assert_equal Etc.nprocessors, opts[:workers]
+    env = { "RAILS_MAX_THREADS" => "auto" }
+    assert_equal "8", (load(env: env, argv: %w[-t auto:8 -C -]) && env["RAILS_MAX_THREADS"])
+    # without auto in the environment, a count is a count
+    ENV["RAILS_MAX_THREADS"] = "16"
+    refute load(env: ENV, file: file)[:threads_auto]
+  ensure
+    %w[RAILS_MAX_THREADS WEB_CONCURRENCY].each { |k| saved&.key?(k) ? ENV[k] = saved[k] : ENV.delete(k) }
+  end
 end
