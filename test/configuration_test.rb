@@ -132,16 +132,18 @@ class ConfigurationTest < Minitest::Test
     assert_equal ["tmp_restart"], options[:plugins]
   end
 
-  # tmp_restart runs; systemd's job is built in (no warning); any other
-  # plugin is named in its warning.
+  # tmp_restart is Serval's; systemd's job is built in (no warning); any
+  # other name is a Puma plugin loaded from puma/plugin/NAME, and one that
+  # is not on the load path fails the boot naming it (as in Puma).
   def test_plugins
-    options = load_config(%(plugin :tmp_restart\nplugin "tmp_restart"\nplugin :systemd\nplugin :solid_queue\n))
+    options = load_config(%(plugin :tmp_restart\nplugin "tmp_restart"\nplugin :systemd\n))
     assert_equal ["tmp_restart"], options[:plugins]
     assert_match(/config file .*serval\.rb/, options[:sources][:plugins])
-    assert_equal ["serval: plugin `solid_queue` is not supported and is ignored " \
-                  "(Serval runs: tmp_restart; systemd notification is built in)"], @warnings
+    assert_empty @warnings
     assert_equal [], load_config[:plugins]
     assert_config_error(/plugins: unknown plugin nope/, cli: { plugins: ["nope"] })
+    error = assert_raises(Serval::ConfigError) { load_config("plugin :solid_queue\n") }
+    assert_match(/serval\.rb:1: plugin :solid_queue: .*is the plugin's gem in the Gemfile\?/, error.message)
   end
 
   def test_stdout_sync_is_on_unless_turned_off
@@ -151,14 +153,18 @@ class ConfigurationTest < Minitest::Test
   end
 
   def test_rails_config_loads_with_warnings_only
-    with_env("RAILS_MAX_THREADS" => nil, "PORT" => nil, "PIDFILE" => nil, "SOLID_QUEUE_IN_PUMA" => "1") do
+    with_env("RAILS_MAX_THREADS" => nil, "PORT" => nil, "PIDFILE" => nil, "SOLID_QUEUE_IN_PUMA" => nil) do
       options = load_config(file: File.join(FIXTURES, "rails_puma.rb"))
       assert_equal [3, 3], options.values_at(:min_threads, :max_threads)
       assert_equal ["tcp://0.0.0.0:3000"], options[:binds]
       assert_nil options[:pidfile]
       assert_equal ["tmp_restart"], options[:plugins]
-      assert_equal 1, @warnings.size
-      assert_includes @warnings.first, "plugin `solid_queue` is not supported"
+      assert_empty @warnings
+    end
+    # SOLID_QUEUE_IN_PUMA=1 without solid_queue in the bundle: a clear error, not a silent skip
+    with_env("RAILS_MAX_THREADS" => nil, "PORT" => nil, "PIDFILE" => nil, "SOLID_QUEUE_IN_PUMA" => "1") do
+      error = assert_raises(Serval::ConfigError) { load_config(file: File.join(FIXTURES, "rails_puma.rb")) }
+      assert_match(/plugin :solid_queue: Unable to find plugin: solid_queue/, error.message)
     end
   end
 
