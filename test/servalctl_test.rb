@@ -3,6 +3,8 @@
 require_relative "test_helper"
 require "json"
 require "tmpdir"
+require "yaml"
+require "fileutils"
 require "serval/launcher"
 require "support/subprocess_server"
 require "serval/serval_ext"
@@ -17,11 +19,22 @@ class ServalctlTest < Minitest::Test
 
   Result = Struct.new(:status, :out, :err)
 
-  # Runs servalctl; kills it after timeout seconds.
-  def ctl(*args, timeout: 15)
+  def setup
+    @empty = Dir.mktmpdir("servalctl-cwd-")
+  end
+
+  def teardown
+    FileUtils.rm_rf(@empty)
+  end
+
+  # Runs servalctl in chdir (default: an empty directory, so no
+  # ./tmp/serval.state or config file is found) with env on top of a
+  # SERVAL_CONTROL_URL/TOKEN-free environment; kills it after timeout seconds.
+  def ctl(*args, timeout: 15, chdir: @empty, env: {})
     out_r, out_w = IO.pipe
     err_r, err_w = IO.pipe
-    pid = Process.spawn(RbConfig.ruby, "-w", CTL, *args, out: out_w, err: err_w, in: File::NULL)
+    env = { "SERVAL_CONTROL_URL" => nil, "SERVAL_CONTROL_TOKEN" => nil }.merge(env)
+    pid = Process.spawn(env, RbConfig.ruby, "-w", CTL, *args, out: out_w, err: err_w, in: File::NULL, chdir: chdir)
     [out_w, err_w].each(&:close)
     readers = [Thread.new { out_r.read }, Thread.new { err_r.read }]
     waiter = Process.detach(pid)
@@ -34,8 +47,8 @@ class ServalctlTest < Minitest::Test
     [out_r, err_r].each { |io| io&.close }
   end
 
-  def boot(*extra)
-    server = spawn_server(["-b", "tcp://127.0.0.1:0", "-t", "2", *extra])
+  def boot(*extra, files: { "config.ru" => Serval::SubprocessServer::HELLO })
+    server = spawn_server(["-b", "tcp://127.0.0.1:0", "-t", "2", *extra], files: files)
     server.start
     server.wait_for(/\* Control app on unix:/)
     server
@@ -96,9 +109,13 @@ class ServalctlTest < Minitest::Test
     assert_kind_of Array, JSON.parse(File.read(File.join(server.dir, "trace.json")))["traceEvents"]
   end
 
+  # Also: the default state file in cluster mode is the master's.
   def test_cluster_mode_backtraces_and_trace_come_from_the_workers
-    server = boot("-w", "2", "--control-url", "unix://ctl.sock", "--control-token", TOKEN)
+    server = boot("-w", "2", "--control-url", "unix://ctl.sock", "--control-token", TOKEN, files: APP_WITH_TMP)
     pids = 2.times.map { |i| server.wait_for(/Worker #{i} \(PID: (\d+)\)/)[1].to_i }
+    state = YAML.safe_load(File.read(File.join(server.dir, "tmp", "serval.state")))
+    assert_equal [server.pid, sock(server), TOKEN], state.values_at("pid", "control_url", "control_auth_token")
+    assert_equal 0, ctl("status", chdir: server.dir).status, "found by ./tmp/serval.state"
     url = ["--control-url", sock(server), "--control-token", TOKEN]
     traces = ctl(*url, "thread-backtraces")
     assert_equal 0, traces.status, traces.err
@@ -136,9 +153,109 @@ class ServalctlTest < Minitest::Test
     assert_equal 2, usage.status
     assert_match(/unknown command bogus/, usage.err)
 
-    nothing = ctl("-C", "-", "stats")
+    nothing = ctl("-F", "-", "stats")
     assert_equal 2, nothing.status
-    assert_match(/no control URL/, nothing.err)
+    assert_match(/no control URL: give -C URL/, nothing.err)
+  end
+
+  APP_WITH_TMP = { "config.ru" => Serval::SubprocessServer::HELLO, "tmp/.keep" => "" }.freeze
+
+  # Without state_path, a server with a control app writes tmp/serval.state
+  # (0600) when the app has a tmp/; servalctl run there needs no option.
+  def test_default_state_file_under_tmp
+    server = boot("--control-url", "unix://ctl.sock", files: APP_WITH_TMP)
+    token = server.wait_for(/Control token \(generated\): (\h+)/)[1]
+    state = File.join(server.dir, "tmp", "serval.state")
+    assert_equal 0o600, File.stat(state).mode & 0o777
+    assert_equal({ "pid" => server.pid, "control_url" => sock(server), "control_auth_token" => token,
+                   "running_from" => File.realpath(server.dir) },
+                 YAML.safe_load(File.read(state)).tap { |h| h["running_from"] = File.realpath(h["running_from"]) })
+
+    status = ctl("status", chdir: server.dir)
+    assert_equal 0, status.status, status.err
+    assert_match(/serval is running \(single\)/, status.out)
+    assert_equal 0, ctl("stop", chdir: server.dir).status
+    assert server.wait(10)&.success?, server.logs
+    refute File.exist?(state), "removed at a clean exit"
+    gone = ctl("status", chdir: server.dir)
+    assert_equal 2, gone.status, "no state file, no config: nothing names a server"
+  end
+
+  # No tmp/: nothing is created, nothing is written.
+  def test_no_default_state_file_without_tmp
+    server = boot("--control-url", "unix://ctl.sock", "--control-token", TOKEN)
+    assert_equal 0, ctl("--control-url", sock(server), "--control-token", TOKEN, "status").status
+    refute Dir.exist?(File.join(server.dir, "tmp")), "tmp/ is not created"
+  end
+
+  def test_control_url_and_token_from_the_environment
+    server = boot("--control-url", "unix://ctl.sock", "--control-token", TOKEN)
+    env = { "SERVAL_CONTROL_URL" => sock(server), "SERVAL_CONTROL_TOKEN" => TOKEN }
+    status = ctl("status", env: env)
+    assert_equal 0, status.status, status.err
+
+    # the environment goes before ./tmp/serval.state and the config file
+    app = fake_app("tmp/serval.state" => YAML.dump("pid" => 1, "control_url" => "unix:///nonexistent/ctl.sock",
+                                                   "control_auth_token" => "stale"),
+                   "config/puma.rb" => %(activate_control_app "unix:///nonexistent/other.sock", auth_token: "x"\n))
+    assert_equal 0, ctl("status", chdir: app, env: env).status
+    # a flag beats the environment
+    assert_equal 1, ctl("-T", "wrong", "status", env: env).status
+    only_token = ctl("status", env: { "SERVAL_CONTROL_TOKEN" => TOKEN })
+    assert_equal 2, only_token.status
+    assert_match(/no control URL/, only_token.err)
+  end
+
+  # A config file that boots the app (and here would leave a marker and
+  # raise if it ran): servalctl reads its literal control URL and token
+  # without running it, from the default config/puma.rb and from -F.
+  def test_config_file_is_never_run
+    server = boot("--control-url", "unix://ctl.sock", "--control-token", TOKEN)
+    app = fake_app("config/puma.rb" => <<~RUBY)
+      require_relative "environment"
+      threads 2, 2
+      activate_control_app "#{sock(server)}", auth_token: "#{TOKEN}"
+    RUBY
+    status = ctl("status", chdir: app)
+    assert_equal 0, status.status, status.err
+    assert_match(/serval is running/, status.out)
+    explicit = ctl("-F", File.join(app, "config", "puma.rb"), "stats")
+    assert_equal 0, explicit.status, explicit.err
+    old_flag = ctl("-C", File.join(app, "config", "puma.rb"), "status")
+    assert_equal 0, old_flag.status, old_flag.err
+    assert_match(/-C is the control URL \(as in pumactl\); reading \S+puma\.rb as a config file: use -F/, old_flag.err)
+    refute File.exist?(File.join(app, "booted")), "the config file (or the app it loads) ran"
+  end
+
+  # A control URL the file computes cannot be read without running it.
+  def test_config_file_with_a_computed_control_url
+    app = fake_app("config/puma.rb" => <<~RUBY)
+      require_relative "environment"
+      activate_control_app "unix://\#{ENV.fetch('SOCK_DIR')}/ctl.sock", auth_token: "t"
+    RUBY
+    result = ctl("status", chdir: app)
+    assert_equal 2, result.status
+    assert_equal "servalctl: config/puma.rb: line 2: `activate_control_app` is not given a literal string: " \
+                 "cannot read without running the file: pass -S or -C\n", result.err
+    token = fake_app("config/serval.rb" => %(activate_control_app "unix://ctl.sock", auth_token: ENV["T"]\n))
+    result = ctl("status", chdir: token)
+    assert_equal 2, result.status
+    assert_match(/config\/serval\.rb: line 1: `activate_control_app auth_token:` is not given a literal string: cannot read/,
+                 result.err)
+    refute File.exist?(File.join(app, "booted"))
+  end
+
+  # An app directory whose config/environment.rb leaves a marker and raises
+  # if anything loads it.
+  def fake_app(files)
+    dir = File.join(@empty, "app#{@apps = (@apps || 0) + 1}")
+    files = { "config/environment.rb" => %(File.write(File.join(__dir__, "..", "booted"), "x")\nraise "the app booted"\n) }
+            .merge(files)
+    files.each do |path, body|
+      FileUtils.mkdir_p(File.dirname(File.join(dir, path)))
+      File.write(File.join(dir, path), body)
+    end
+    dir
   end
   # A control listener that cannot be bound is a boot error: exit 1, named.
   def test_control_url_that_cannot_bind_fails_boot_with_exit_1

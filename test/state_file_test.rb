@@ -46,6 +46,39 @@ class StateFileTest < Minitest::Test
     assert_equal [File.basename(planted), File.basename(readable)].sort, leftovers, "no temp file of ours is left"
   end
 
+  # The default (StateFile.with_default): the app's tmp/serval.state when a
+  # control app is on and tmp/ exists; never a directory created.
+  def test_default_path_under_an_existing_tmp
+    options = { control_url: "unix://ctl.sock", directory: @dir, sources: {} }.freeze
+    assert_same options, Serval::StateFile.with_default(options), "no tmp/: unchanged"
+    refute Dir.exist?(File.join(@dir, "tmp")), "tmp/ is not created"
+
+    Dir.mkdir(File.join(@dir, "tmp"))
+    with = Serval::StateFile.with_default(options)
+    assert_equal File.join(@dir, "tmp", "serval.state"), with[:state_path]
+    assert_equal "default (tmp/serval.state)", with[:sources][:state_path]
+    assert with.frozen?
+
+    given = options.merge(state_path: "run/x.state")
+    assert_same given, Serval::StateFile.with_default(given), "state_path wins"
+    no_control = options.merge(control_url: nil)
+    assert_same no_control, Serval::StateFile.with_default(no_control), "nothing to find without a control app"
+    Dir.chdir(@dir) do
+      assert_equal File.join(Dir.pwd, "tmp", "serval.state"), Serval::StateFile.with_default(control_url: "x")[:state_path],
+                   "without directory: the current one"
+    end
+  end
+
+  def test_default_path_skipped_when_tmp_is_not_writable
+    skip "root writes anywhere" if Process.uid.zero?
+    tmp = File.join(@dir, "tmp")
+    Dir.mkdir(tmp, 0o500)
+    options = { control_url: "unix://ctl.sock", directory: @dir }
+    assert_nil Serval::StateFile.with_default(options)[:state_path]
+  ensure
+    File.chmod(0o700, tmp) if tmp && Dir.exist?(tmp)
+  end
+
   # A symlink at the state path itself is replaced by the rename, its target untouched.
   def test_symlink_at_the_state_path_is_replaced_not_followed
     victim = File.join(@dir, "victim")

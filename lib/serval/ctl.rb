@@ -12,22 +12,31 @@ require "serval/errors"
 module Serval
   # `servalctl`: talks to a running server's control app (docs/control.md).
   #
-  #   servalctl --control-url unix:///run/app/ctl.sock --control-token T stats
+  #   servalctl -C unix:///run/app/ctl.sock -T T stats   # --control-url, --control-token
   #   servalctl -S tmp/serval.state stop
-  #   servalctl -C config/serval.rb gvl-trace --seconds 2 -o trace.json
+  #   servalctl -F config/serval.rb gvl-trace --seconds 2 -o trace.json
+  #   servalctl status            # $SERVAL_CONTROL_URL, ./tmp/serval.state, config/*.rb
+  #
+  # It never runs a config file (one may boot the app): Serval::ConfigScan
+  # reads the literal arguments of control_url / activate_control_app /
+  # state_path from it, and only when nothing before it named the server.
   #
   # Exit status: 0 done, 1 the server answered with an error, 2 usage or
   # configuration error, 3 the server could not be reached.
   class Ctl
     COMMANDS = Commands::CTL
+    ENV_URL = "SERVAL_CONTROL_URL"
+    ENV_TOKEN = "SERVAL_CONTROL_TOKEN"
+    DEFAULT_STATE = "tmp/serval.state" # StateFile::DEFAULT, the server's default
     WINDOW_FIGURES = %w[queue run idle stall pool_wait wall].freeze
     CONNECT_TIMEOUT = 5
     READ_TIMEOUT = 15
 
     class Unreachable < StandardError; end
 
-    def initialize(argv, stdout: $stdout, stderr: $stderr)
+    def initialize(argv, stdout: $stdout, stderr: $stderr, env: ENV)
       @argv = argv.dup
+      @env = env
       @stdout = stdout
       @stderr = stderr
       @url = nil
@@ -77,10 +86,11 @@ module Serval
     def parser
       OptionParser.new do |o|
         o.banner = "Usage: servalctl [options] #{COMMANDS.join('|')}"
-        o.on("--control-url URL", "unix://PATH or tcp://HOST:PORT") { |v| @url = v }
-        o.on("--control-token TOKEN", "The control app's token") { |v| @token = v }
+        o.on("-C", "--control-url URL", "unix://PATH or tcp://HOST:PORT (as pumactl's -C)") { |v| control_url_flag(v) }
+        o.on("-T", "--control-token TOKEN", "The control app's token") { |v| @token = v }
         o.on("-S", "--state PATH", "Read the URL and token from a state file") { |v| @state = v }
-        o.on("-C", "--config FILE", "Read control_url, token and state_path from a config file") { |v| @config = v }
+        o.on("-F", "--config-file FILE", "--config FILE",
+             "Read control_url, token and state_path from a config file (never run)") { |v| @config = v }
         o.on("--seconds N", Float, "gvl-trace: how long to record (default 1)") { |v| @seconds = v }
         o.on("--json", "window: print the window as JSON (with its samples)") { @json = true }
         o.on("-o", "--output FILE", "gvl-trace: write the trace to FILE (default: stdout)") { |v| @output = v }
@@ -96,30 +106,81 @@ module Serval
       @done = true
     end
 
-    # Flags win; then the state file (-S, or the config's state_path); then
-    # the config's control_url and control_auth_token.
-    def resolve_target
-      options = load_config if @config || !(@url && @token) && !@state
-      state_path = @state || options&.dig(:state_path)
-      if state_path && !(@url && @token)
-        require "serval/state_file"
-        state = StateFile.new(state_path).read
-        @url ||= state["control_url"]
-        @token ||= state["control_auth_token"]
-      end
-      @url ||= options&.dig(:control_url)
-      @token ||= options&.dig(:control_auth_token)
-      raise ConfigError, "no control URL: give --control-url, -S STATE or -C CONFIG" unless @url
-      raise ConfigError, "no control token: give --control-token or a state file" unless @token
+    # -C was the config file before it became pumactl's control URL: a value
+    # that is not a URL is still read as one, with a note.
+    def control_url_flag(value)
+      return @url = value if value.match?(%r{\A[a-z]+://}) || value.empty?
+
+      @stderr.puts("servalctl: -C is the control URL (as in pumactl); reading #{value} as a config file: use -F")
+      @config = value
     end
 
-    def load_config
-      require "serval/configuration"
-      Configuration.load(config_file: @config, warn: ->(_) {})
-    rescue ConfigError
-      raise if @config
+    # Where the URL and token come from, first match wins for each:
+    #   1. flags: --control-url/--control-token, then -S STATE, then -F CONFIG
+    #   2. SERVAL_CONTROL_URL / SERVAL_CONTROL_TOKEN
+    #   3. ./tmp/serval.state (what a server with a control app writes)
+    #   4. the default config file, scanned (never run): its state_path's
+    #      file, then its control_url / activate_control_app
+    def resolve_target
+      @unreadable = []
+      [-> { from_state(@state, explicit: true) if @state },
+       -> { from_config(@config) if @config && @config != "-" },
+       -> { fill(@env[ENV_URL], @env[ENV_TOKEN]) },
+       -> { from_state(DEFAULT_STATE, explicit: false) },
+       -> { (file = default_config) && from_config(file) unless @config }].each do |source|
+        break if @url && @token
 
-      nil
+        source.call
+      end
+      raise ConfigError, missing("URL", :control_url) unless @url
+      raise ConfigError, missing("token", :control_auth_token) unless @token
+    end
+
+    def fill(url, token)
+      @url ||= url unless url.to_s.empty?
+      @token ||= token unless token.to_s.empty?
+    end
+
+    # explicit (-S, a config's state_path): a missing file is an error;
+    # the default ./tmp/serval.state is only looked for.
+    def from_state(path, explicit:)
+      return unless explicit || File.exist?(path)
+
+      require "serval/state_file"
+      state = StateFile.new(path).read
+      fill(state["control_url"], state["control_auth_token"])
+    end
+
+    def from_config(path)
+      require "serval/config_scan"
+      scan = ConfigScan.new(path)
+      state = scan.values[:state_path]
+      from_state(state, explicit: !scan.values.key?(:control_url)) if state && (File.exist?(state) || !@url)
+      fill(scan.values[:control_url], scan.values[:control_auth_token])
+      scan.unreadable.each { |key, why| @unreadable << [key, "#{path}: #{why}"] }
+    rescue SystemCallError => e
+      raise ConfigError, "config file #{path}: #{e.message}"
+    end
+
+    # The first of the server's default config files that exists (the
+    # environment as the server reads it: APP_ENV, RACK_ENV, RAILS_ENV).
+    def default_config
+      require "serval/configuration"
+      environment = %w[APP_ENV RACK_ENV RAILS_ENV].map { |n| @env[n].to_s.strip }.find { |v| !v.empty? } ||
+                    Configuration::DEFAULTS[:environment]
+      Configuration.default_files(environment).find { |f| File.file?(f) }
+    end
+
+    def missing(what, key)
+      why = @unreadable.find { |k, _| k == key || k == :state_path }
+      return "#{why[1]}: cannot read without running the file: pass -S or -C" if why
+
+      if what == "URL"
+        "no control URL: give -C URL (--control-url), -S STATE, $#{ENV_URL}, " \
+          "or start the server with a control app (it writes #{DEFAULT_STATE})"
+      else
+        "no control token for #{@url}: give -T TOKEN (--control-token), $#{ENV_TOKEN} or -S STATE"
+      end
     end
 
     def path_for(command)

@@ -15,8 +15,27 @@ module Serval
   #   running_from: /srv/app
   #
   # It holds the control token, so it is written with mode 0600.
+  #
+  # Without state_path, a server with a control app writes DEFAULT under the
+  # app's directory when its tmp/ exists (StateFile.with_default); servalctl
+  # looks there before any config file (docs/control.md "State file").
   class StateFile
     KEYS = %w[pid control_url control_auth_token running_from].freeze
+    DEFAULT = "tmp/serval.state"
+
+    # The options with state_path set to the default when it applies: no
+    # state_path given, a control app (the file exists to find it), and the
+    # app directory's tmp/ a directory this process may write (none is
+    # created: a Rails app has one; elsewhere nothing is left behind).
+    def self.with_default(options)
+      return options if options[:state_path] || !options[:control_url]
+
+      tmp = File.expand_path("tmp", options[:directory] || Dir.pwd)
+      return options unless File.directory?(tmp) && File.writable?(tmp)
+
+      sources = (options[:sources] || {}).merge(state_path: "default (#{DEFAULT})").freeze
+      options.merge(state_path: File.join(tmp, File.basename(DEFAULT)).freeze, sources: sources).freeze
+    end
 
     attr_reader :path
 
