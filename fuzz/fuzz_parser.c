@@ -13,7 +13,10 @@
  *     the result does not depend on bytes after the head;
  *   - every strict prefix of a complete head is "incomplete" (0);
  *   - sv_chunked_decode gives the same result for any split of its input,
- *     with out_len <= consumed <= fed.
+ *     with out_len <= consumed <= fed;
+ *   - sv_parse_proxy returns a length within its version's limit, 0 or -400
+ *     + errmsg; every strict prefix of a complete header is 0, bytes after it
+ *     change nothing, and an incomplete input is shorter than the limit.
  */
 #include "parser.h"
 
@@ -21,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #define FUZZ_MAX_REQUEST_LINE 128
 #define FUZZ_MAX_HEAD 512
@@ -159,6 +163,34 @@ static void fuzz_chunked(const uint8_t *in, size_t n, uint64_t *rng)
 
 static sv_request fuzz_req; /* big; not on the stack */
 
+static void fuzz_proxy(const char *buf, size_t size, uint64_t *rng)
+{
+    sv_proxy p, q;
+    const char *msg = NULL;
+    int rc = sv_parse_proxy(&p, SV_PROXY_V1 | SV_PROXY_V2, buf, size, &msg);
+    if (rc < 0) {
+        ENSURE(rc == -400 && msg != NULL);
+        return;
+    }
+    if (rc == 0) {
+        ENSURE(size < SV_PROXY_V2_MAX);
+        return;
+    }
+    size_t n = (size_t)rc;
+    ENSURE(n <= size && n <= (p.version == 1 ? SV_PROXY_V1_MAX : SV_PROXY_V2_MAX));
+    ENSURE(p.keep || p.family == AF_INET || p.family == AF_INET6);
+    ENSURE(p.port <= 65535);
+    char *hdr = malloc(n);
+    ENSURE(hdr != NULL);
+    memcpy(hdr, buf, n);
+    ENSURE(sv_parse_proxy(&q, SV_PROXY_V1 | SV_PROXY_V2, hdr, n, NULL) == rc);
+    ENSURE(memcmp(&p, &q, sizeof(p)) == 0);
+    size_t cuts[3] = {n - 1, n / 2, (size_t)(rng_next(rng) % n)};
+    for (int i = 0; i < 3; i++) ENSURE(sv_parse_proxy(&q, SV_PROXY_V1 | SV_PROXY_V2, hdr, cuts[i], NULL) == 0);
+    ENSURE(sv_parse_proxy(&q, p.version == 1 ? SV_PROXY_V2 : SV_PROXY_V1, hdr, n, NULL) == -400);
+    free(hdr);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     /* exact-size copy so that any over-read trips ASan */
@@ -194,6 +226,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc <= 0 && size > 0 && ((data[0] >= '0' && data[0] <= '9') || (data[0] >= 'a' && data[0] <= 'f') ||
                                 (data[0] >= 'A' && data[0] <= 'F')))
         fuzz_chunked(data, size, &rng);
+    /* a PROXY header (what a proxy_protocol connection starts with) */
+    if (size > 0 && (data[0] == 'P' || data[0] == '\r'))
+        fuzz_proxy(buf, size, &rng);
     free(buf);
     return 0;
 }

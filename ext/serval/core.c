@@ -147,6 +147,61 @@ static VALUE option_table(void)
     return h;
 }
 
+/* Serval::Native::Core::REMOTE_LIMITS: the bounds of set_remote_address's
+ * values and of the PROXY headers (parser.h), for the configuration, the
+ * docs and the tests. */
+static VALUE remote_limits(void)
+{
+    VALUE h = rb_hash_new();
+    rb_hash_aset(h, ID2SYM(rb_intern("value")), INT2FIX(SV_REMOTE_MAX - 1));
+    rb_hash_aset(h, ID2SYM(rb_intern("header")), INT2FIX(SV_REMOTE_HEADER_MAX - 1));
+    rb_hash_aset(h, ID2SYM(rb_intern("proxy_v1")), INT2FIX(SV_PROXY_V1_MAX));
+    rb_hash_aset(h, ID2SYM(rb_intern("proxy_v2")), INT2FIX(SV_PROXY_V2_MAX));
+    rb_hash_freeze(h);
+    return h;
+}
+
+/* set_remote_address, as Server#core_options passes it: proxy_protocol
+ * (:v1, :v2 or :any), remote_header (a field name) or remote_value (the
+ * address of every request); at most one. */
+static void read_remote(sv_options *o, VALUE opts)
+{
+    VALUE proxy = rb_hash_lookup2(opts, ID2SYM(rb_intern("proxy_protocol")), Qnil);
+    VALUE header = rb_hash_lookup2(opts, ID2SYM(rb_intern("remote_header")), Qnil);
+    VALUE value = rb_hash_lookup2(opts, ID2SYM(rb_intern("remote_value")), Qnil);
+    if (RTEST(proxy) + !NIL_P(header) + !NIL_P(value) > 1)
+        rb_raise(rb_eArgError, "proxy_protocol, remote_header and remote_value exclude each other");
+    if (RTEST(proxy)) {
+        ID v = SYM2ID(rb_to_symbol(proxy));
+        if (v == rb_intern("v1"))
+            o->proxy_versions = SV_PROXY_V1;
+        else if (v == rb_intern("v2"))
+            o->proxy_versions = SV_PROXY_V2;
+        else if (v == rb_intern("any"))
+            o->proxy_versions = SV_PROXY_V1 | SV_PROXY_V2;
+        else
+            rb_raise(rb_eArgError, "proxy_protocol must be :v1, :v2 or :any");
+    }
+    if (!NIL_P(header)) {
+        const char *h = StringValueCStr(header);
+        size_t n = strlen(h);
+        if (n == 0 || n >= sizeof(o->remote_header))
+            rb_raise(rb_eArgError, "remote_header must be 1..%d bytes", (int)sizeof(o->remote_header) - 1);
+        for (size_t i = 0; i < n; i++)
+            if (!sv_is_tchar((unsigned char)h[i]) || h[i] == '_')
+                rb_raise(rb_eArgError, "remote_header must be a field name without '_'");
+        memcpy(o->remote_header, h, n + 1);
+        o->remote_header_len = n;
+    }
+    if (!NIL_P(value)) {
+        const char *v = StringValueCStr(value);
+        size_t n = strlen(v);
+        if (n == 0 || n >= sizeof(o->remote_value))
+            rb_raise(rb_eArgError, "remote_value must be 1..%d bytes", (int)sizeof(o->remote_value) - 1);
+        memcpy(o->remote_value, v, n + 1);
+    }
+}
+
 static void read_options(sv_options *o, VALUE opts)
 {
     o->lim.max_request_line = (size_t)opt_num(opts, "max_request_line");
@@ -179,6 +234,7 @@ static void read_options(sv_options *o, VALUE opts)
     o->thread_polls = RTEST(polls); /* absent: on where possible (polls.c) */
     o->balance = RTEST(rb_hash_lookup(opts, ID2SYM(rb_intern("balance"))));
     o->balance_close = o->balance && RTEST(rb_hash_lookup(opts, ID2SYM(rb_intern("balance_close"))));
+    read_remote(o, opts);
     VALUE tmp = rb_hash_lookup2(opts, ID2SYM(rb_intern("tmpdir")), Qnil);
     const char *dir = NIL_P(tmp) ? "/tmp" : StringValueCStr(tmp);
     if (strlen(dir) >= sizeof(o->tmpdir))
@@ -225,6 +281,8 @@ static VALUE core_listen(int argc, VALUE *argv, VALUE self)
         rb_raise(rb_eRuntimeError, "listen before start");
     if (core->nlisteners >= SV_MAX_LISTENERS)
         rb_raise(rb_eArgError, "at most %d listeners", SV_MAX_LISTENERS);
+    if (!NIL_P(tls) && core->opt.proxy_versions)
+        rb_raise(rb_eArgError, "proxy_protocol is not supported on ssl:// listeners");
     sv_listener *l = &core->listeners[core->nlisteners];
     const char *n = StringValueCStr(name);
     if (strlen(n) >= sizeof(l->name))
@@ -575,6 +633,7 @@ void sv_init_core(VALUE mNative)
 {
     sv_cCore = rb_define_class_under(mNative, "Core", rb_cObject);
     rb_define_const(sv_cCore, "OPTIONS", option_table());
+    rb_define_const(sv_cCore, "REMOTE_LIMITS", remote_limits());
     rb_define_alloc_func(sv_cCore, core_alloc);
     rb_define_method(sv_cCore, "initialize", core_initialize, -1);
     rb_define_method(sv_cCore, "listen", core_listen, -1);

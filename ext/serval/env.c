@@ -1,6 +1,7 @@
 /* Building the Rack env from a parsed request head (runs with the GVL). */
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <ruby.h>
 #include <ruby/encoding.h>
 #include <ruby/re.h>
@@ -385,6 +386,29 @@ static void fill_entries(st_table *tbl, env_fill *f, VALUE tmpl)
     pos.bound = tbl->entries_bound;
 }
 
+/* REMOTE_ADDR: the connection's address (the socket's peer, a PROXY
+ * header's source, or set_remote_address's value), or with
+ * set_remote_address header: the first element of that field's first line
+ * (up to a comma or whitespace: "client, proxy1" gives "client"), as Puma
+ * does; the connection's address when the field is absent or that element
+ * empty. */
+static VALUE remote_addr(const sv_conn *c, const sv_request *r)
+{
+    const sv_options *o = &c->core->opt;
+    for (size_t i = 0; o->remote_header_len && i < r->num_headers; i++) {
+        const sv_header *h = &r->headers[i];
+        if (h->name_len != o->remote_header_len || strncasecmp(h->name, o->remote_header, h->name_len) != 0)
+            continue;
+        size_t n = 0;
+        while (n < h->value_len && h->value[n] != ',' && h->value[n] != ' ' && h->value[n] != '\t')
+            n++;
+        if (n > 0)
+            return sv_strcache_get(h->value, n);
+        break;
+    }
+    return sv_strcache_get(c->remote, strlen(c->remote));
+}
+
 /* Builds the env of c's request from the frozen template: the CGI keys,
  * the HTTP_* headers, rack.hijack (hijack: the Request itself), and new
  * rack.response_finished / rack.after_reply Arrays (returned in *finished,
@@ -403,7 +427,7 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE 
     f.val[E_QUERY] = r->query_len ? bin(r->query, r->query_len) : sv_strcache_get("", 0);
     f.val[E_URI] = bin(r->target, r->target_len);
     f.val[E_PROTO] = r->minor_version ? v_http11 : v_http10;
-    f.val[E_REMOTE] = sv_strcache_get(c->remote, strlen(c->remote));
+    f.val[E_REMOTE] = remote_addr(c, r);
     server_name(c, &f.val[E_NAME], &f.val[E_PORT]);
     /* Host: in every HTTP/1.1 request (the parser demands it), so a slot;
      * an HTTP/1.0 request without one has the key taken out below */

@@ -114,20 +114,30 @@ static void listeners_register(sv_core *core, int on)
     core->accepting = on;
 }
 
+/* REMOTE_ADDR's text of an address (a socket's peer, or a PROXY header's
+ * source): an IPv4-mapped IPv6 address as IPv4. */
+static void remote_text(sv_conn *c, int family, const void *addr)
+{
+    if (family == AF_INET6) {
+        struct in6_addr a6;
+        memcpy(&a6, addr, sizeof(a6));
+        if (IN6_IS_ADDR_V4MAPPED(&a6))
+            inet_ntop(AF_INET, &a6.s6_addr[12], c->remote, sizeof(c->remote));
+        else
+            inet_ntop(AF_INET6, &a6, c->remote, sizeof(c->remote));
+    } else {
+        inet_ntop(AF_INET, addr, c->remote, sizeof(c->remote));
+    }
+}
+
 static void format_remote(sv_conn *c, const struct sockaddr_storage *ss)
 {
-    if (ss->ss_family == AF_INET) {
-        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
-        inet_ntop(AF_INET, &a->sin_addr, c->remote, sizeof(c->remote));
-    } else if (ss->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
-        if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr))
-            inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], c->remote, sizeof(c->remote));
-        else
-            inet_ntop(AF_INET6, &a->sin6_addr, c->remote, sizeof(c->remote));
-    } else {
+    if (ss->ss_family == AF_INET)
+        remote_text(c, AF_INET, &((const struct sockaddr_in *)ss)->sin_addr);
+    else if (ss->ss_family == AF_INET6)
+        remote_text(c, AF_INET6, &((const struct sockaddr_in6 *)ss)->sin6_addr);
+    else
         snprintf(c->remote, sizeof(c->remote), "127.0.0.1"); /* unix socket peer */
-    }
 }
 
 /* Balance mode: how many Ruby threads are free: waiting, minus the requests
@@ -202,6 +212,9 @@ static void do_accept(sv_core *core, sv_listener *l)
             continue;
         }
         format_remote(c, &ss);
+        if (core->opt.remote_value[0]) /* set_remote_address "ADDR" */
+            memcpy(c->remote, core->opt.remote_value, sizeof(c->remote));
+        c->proxy = core->opt.proxy_versions != 0;
         if (sv_transport_open(c) != 0) {
             conn_destroy(c);
             continue;
@@ -538,6 +551,45 @@ static void head_complete(sv_conn *c)
     sv_loop_arm(c, EPOLLIN);
 }
 
+/* set_remote_address proxy_protocol: a connection's first bytes are a PROXY
+ * header (parser.c sv_parse_proxy), taken off the front of the buffer; the
+ * source address it carries becomes c->remote. Without a valid one the
+ * connection is answered 400 and closed before any request is read. The
+ * header must be complete within first_data_timeout of the accept (the
+ * deadline do_accept set, which read_head leaves alone until then); then
+ * the first request has a first_data_timeout of its own, as the proxy may
+ * send the header before its client sent anything.
+ * Returns 0 when the header is done and c->in holds what came after it,
+ * 1 when the connection waits for more input or is closed. */
+static int proxy_header(sv_conn *c)
+{
+    sv_options *o = &c->core->opt;
+    sv_proxy p;
+    const char *msg = NULL;
+    int r = sv_parse_proxy(&p, o->proxy_versions, c->in.data, c->in.len, &msg);
+    if (r < 0) {
+        error_response(c, 400, msg);
+        return 1;
+    }
+    if (r == 0) {
+        sv_loop_arm(c, EPOLLIN);
+        return 1;
+    }
+    if (!p.keep) /* v1 UNKNOWN, v2 LOCAL and the like keep the socket's address */
+        remote_text(c, p.family, p.addr);
+    c->proxy = 0;
+    sv_buf_consume_front(&c->in, (size_t)r);
+    double now = sv_loop_now(c->core);
+    if (c->in.len > 0) {
+        c->deadline = now + o->read_timeout; /* the request's head began */
+        return 0;
+    }
+    c->deadline = now + o->first_data_timeout;
+    set_partial(c, o->balance); /* as a connection just accepted (do_accept) */
+    sv_loop_arm(c, EPOLLIN);
+    return 1;
+}
+
 void sv_loop_process_input(sv_conn *c)
 {
     sv_core *core = c->core;
@@ -551,6 +603,8 @@ void sv_loop_process_input(sv_conn *c)
         return;
     }
     set_partial(c, 1);
+    if (c->proxy && proxy_header(c) != 0)
+        return;
     if (!c->req && !(c->req = sv_pool_get(&core->req_pool))) {
         conn_destroy(c);
         return;
@@ -599,7 +653,7 @@ static void read_head(sv_conn *c)
     int n = read_into(c, c->in.data + c->in.len, c->in.cap - c->in.len);
     if (n <= 0)
         return;
-    if (c->in.len == 0)
+    if (c->in.len == 0 && !c->proxy) /* a PROXY header keeps the accept's deadline (proxy_header) */
         c->deadline = sv_loop_now(c->core) + o->read_timeout;
     c->in.len += (size_t)n;
     sv_loop_process_input(c);
@@ -796,7 +850,7 @@ static void scan_timeouts(sv_core *core, double now)
     pthread_mutex_unlock(&core->mu);
     for (size_t i = 0; i < n; i++) {
         sv_conn *c = hit[i];
-        if (c->state == SV_ST_HEAD && c->in.len > 0)
+        if (c->state == SV_ST_HEAD && c->in.len > 0 && !c->proxy) /* part of a PROXY header: no request began */
             error_response(c, 408, "request timeout");
         else if (c->state == SV_ST_BODY)
             error_response(c, 408, "request timeout");

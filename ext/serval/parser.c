@@ -27,8 +27,10 @@
  */
 #include "parser.h"
 
+#include <arpa/inet.h>
 #include <limits.h>
 #include <string.h>
+#include <sys/socket.h>
 
 /* ---- named limits and constants ---------------------------------------- */
 
@@ -838,4 +840,151 @@ ssize_t sv_chunked_decode(sv_chunked *c, char *buf, size_t len, size_t *out_len,
     }
     *out_len = w;
     return (ssize_t)r;
+}
+
+/* ---- PROXY protocol ----------------------------------------------------- */
+
+/* The v2 signature: \r\n\r\n\0\r\nQUIT\n. */
+static const char proxy_sig[12] = {'\r', '\n', '\r', '\n', '\0', '\r', '\n', 'Q', 'U', 'I', 'T', '\n'};
+#define SV_PROXY_V2_FIXED 16        /* signature, version/command, family/protocol, length */
+#define SV_PROXY_ADDR_TEXT_MAX 45   /* longest textual IPv6 address (INET6_ADDRSTRLEN - 1) */
+
+static int proxy_fail(const char **errmsg, const char *msg)
+{
+    if (errmsg) *errmsg = msg;
+    return -SV_ERR_BAD_REQUEST;
+}
+
+/* buf[0..len) and lit agree on their common length. */
+static int agrees(const char *buf, size_t len, const char *lit, size_t lit_len)
+{
+    return memcmp(buf, lit, len < lit_len ? len : lit_len) == 0;
+}
+
+static int v1_addr(int family, const char *s, size_t n, unsigned char *out)
+{
+    char tmp[SV_PROXY_ADDR_TEXT_MAX + 1];
+    if (n == 0 || n > SV_PROXY_ADDR_TEXT_MAX) return 0;
+    memcpy(tmp, s, n);
+    tmp[n] = '\0';
+    return inet_pton(family, tmp, out) == 1;
+}
+
+/* 0..65535 in decimal, no leading zero (but "0"). */
+static int v1_port(const char *s, size_t n, unsigned *out)
+{
+    if (n == 0 || n > SV_PORT_DIGITS_MAX || (n > 1 && s[0] == '0')) return 0;
+    unsigned v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!is_digit((unsigned char)s[i])) return 0;
+        v = v * 10 + (unsigned)(s[i] - '0');
+    }
+    if (v > 65535) return 0;
+    *out = v;
+    return 1;
+}
+
+/* "PROXY TCP4|TCP6 SRC DST SPORT DPORT\r\n" or "PROXY UNKNOWN ...\r\n", one
+ * space between fields, at most SV_PROXY_V1_MAX bytes; buf starts with (a
+ * prefix of) "PROXY ". */
+static int proxy_v1(sv_proxy *p, const char *buf, size_t len, const char **errmsg)
+{
+    static const char *const protos[] = {"TCP4", "TCP6", "UNKNOWN"};
+    p->version = 1;
+    if (len < 6) return 0;
+    size_t end = len < SV_PROXY_V1_MAX ? len : SV_PROXY_V1_MAX, eol = 0;
+    int found = 0;
+    for (size_t i = 6; i < end && !found; i++) {
+        unsigned char c = (unsigned char)buf[i];
+        if (c == '\r') {
+            if (i + 1 >= len) break; /* its LF is still to come */
+            if (buf[i + 1] != '\n') return proxy_fail(errmsg, "bare CR in PROXY v1 header");
+            eol = i;
+            found = 1;
+        } else if (c < 0x20 || c > 0x7e) {
+            return proxy_fail(errmsg, "invalid byte in PROXY v1 header");
+        }
+    }
+    if (found ? eol + SV_CRLF_LEN > SV_PROXY_V1_MAX : len >= SV_PROXY_V1_MAX)
+        return proxy_fail(errmsg, "PROXY v1 header too long");
+    const char *l = buf + 6;
+    size_t n = (found ? eol : len) - 6, pl = 0;
+    while (pl < n && l[pl] != ' ' && l[pl] != '\r') pl++;
+    int open = pl == n && !found; /* the protocol's name may go on */
+    int which = -1;
+    for (int k = 0; k < 3 && which < 0; k++) {
+        size_t kl = strlen(protos[k]);
+        if ((open ? pl <= kl : pl == kl) && memcmp(l, protos[k], pl) == 0) which = k;
+    }
+    if (which < 0) return proxy_fail(errmsg, "unknown protocol in PROXY v1 header");
+    if (!found) return 0;
+    if (which == 2) { /* UNKNOWN: the rest of the line is ignored */
+        p->keep = 1;
+        return (int)(eol + SV_CRLF_LEN);
+    }
+    const char *f[4];
+    size_t fl[4], pos = pl;
+    for (int k = 0; k < 4; k++) {
+        if (pos >= n || l[pos] != ' ') return proxy_fail(errmsg, "PROXY v1 header needs four fields");
+        size_t s = ++pos;
+        while (pos < n && l[pos] != ' ') pos++;
+        f[k] = l + s;
+        fl[k] = pos - s;
+    }
+    if (pos != n) return proxy_fail(errmsg, "PROXY v1 header has extra fields");
+    int family = which == 0 ? AF_INET : AF_INET6;
+    unsigned char dst[16];
+    unsigned dport;
+    if (!v1_addr(family, f[0], fl[0], p->addr) || !v1_addr(family, f[1], fl[1], dst))
+        return proxy_fail(errmsg, "invalid address in PROXY v1 header");
+    if (!v1_port(f[2], fl[2], &p->port) || !v1_port(f[3], fl[3], &dport))
+        return proxy_fail(errmsg, "invalid port in PROXY v1 header");
+    p->family = family;
+    return (int)(eol + SV_CRLF_LEN);
+}
+
+/* The binary header: signature, version 2 and a command, one of the seven
+ * family/protocol bytes the spec defines, a length, then the addresses and
+ * TLVs (ignored); buf starts with (a prefix of) the signature. */
+static int proxy_v2(sv_proxy *p, const char *buf, size_t len, const char **errmsg)
+{
+    const unsigned char *b = (const unsigned char *)buf;
+    p->version = 2;
+    if (len > 12 && ((b[12] >> 4) != 2 || (b[12] & 0xF) > 1))
+        return proxy_fail(errmsg, "unsupported PROXY v2 version or command");
+    if (len > 13) {
+        unsigned fam = b[13];
+        if (!(fam == 0x00 || ((fam >> 4) >= 1 && (fam >> 4) <= 3 && (fam & 0xF) >= 1 && (fam & 0xF) <= 2)))
+            return proxy_fail(errmsg, "unknown PROXY v2 address family or protocol");
+    }
+    if (len < SV_PROXY_V2_FIXED) return 0;
+    int local = (b[12] & 0xF) == 0;
+    unsigned af = b[13] >> 4;
+    size_t body = (size_t)b[14] << 8 | b[15], total = SV_PROXY_V2_FIXED + body;
+    if (total > SV_PROXY_V2_MAX) return proxy_fail(errmsg, "PROXY v2 header too long");
+    size_t need = af == 1 ? 12 : af == 2 ? 36 : af == 3 ? 216 : 0;
+    if (!local && body < need) return proxy_fail(errmsg, "PROXY v2 addresses truncated");
+    if (len < total) return 0;
+    if (local || af == 0 || af == 3) { /* LOCAL, UNSPEC, or a UNIX socket: keep the socket's address */
+        p->keep = 1;
+    } else if (af == 1) {
+        p->family = AF_INET;
+        memcpy(p->addr, b + 16, 4);
+        p->port = (unsigned)b[24] << 8 | b[25];
+    } else {
+        p->family = AF_INET6;
+        memcpy(p->addr, b + 16, 16);
+        p->port = (unsigned)b[48] << 8 | b[49];
+    }
+    return (int)total;
+}
+
+int sv_parse_proxy(sv_proxy *p, int versions, const char *buf, size_t len, const char **errmsg)
+{
+    memset(p, 0, sizeof(*p));
+    if (len == 0) return 0;
+    if ((versions & SV_PROXY_V1) && agrees(buf, len, "PROXY ", 6)) return proxy_v1(p, buf, len, errmsg);
+    if ((versions & SV_PROXY_V2) && agrees(buf, len, proxy_sig, sizeof(proxy_sig)))
+        return proxy_v2(p, buf, len, errmsg);
+    return proxy_fail(errmsg, "no PROXY protocol header");
 }

@@ -102,6 +102,38 @@ void sv_chunked_init(sv_chunked *c, size_t max_ext, size_t max_trailer);
  */
 ssize_t sv_chunked_decode(sv_chunked *c, char *buf, size_t len, size_t *out_len, const char **errmsg);
 
+/*
+ * PROXY protocol (HAProxy's proxy-protocol.txt), the header a proxy sends
+ * before anything else on a connection when `set_remote_address
+ * proxy_protocol:` is configured. Version 1 is one text line, version 2 a
+ * binary block; the limits below are the only ones (core.c exports them as
+ * Native::Core::REMOTE_LIMITS, the tests and the docs read them there).
+ */
+#define SV_PROXY_V1 1                 /* `versions` bits of sv_parse_proxy */
+#define SV_PROXY_V2 2
+#define SV_PROXY_V1_MAX 107           /* the spec's longest v1 line, CRLF included */
+#define SV_PROXY_V2_MAX 4096          /* a v2 header (16 bytes + addresses + TLVs) longer than this -> 400 */
+
+typedef struct {
+    int version;             /* 1 or 2 */
+    int keep;                /* 1: no address to use, keep the socket's (v1 UNKNOWN, v2 LOCAL, v2 UNSPEC or UNIX) */
+    int family;              /* AF_INET or AF_INET6 when !keep */
+    unsigned char addr[16];  /* the source address, network order (4 bytes for AF_INET) */
+    unsigned port;           /* the source port */
+} sv_proxy;
+
+/*
+ * Parse a PROXY header at the front of buf[0..len), of a version in
+ * `versions` (SV_PROXY_V1 | SV_PROXY_V2). Stateless, like sv_parse_head:
+ * call again from the start with more bytes.
+ * Returns  > 0: the header's length (the connection's data follows it);
+ *          = 0: incomplete, and every byte so far can still begin a valid
+ *               header (at most SV_PROXY_V1_MAX / SV_PROXY_V2_MAX bytes are
+ *               ever asked for);
+ *          < 0: -400, with *errmsg (if errmsg != NULL) a static reason.
+ */
+int sv_parse_proxy(sv_proxy *p, int versions, const char *buf, size_t len, const char **errmsg);
+
 /* tchar (RFC 9110 5.6.2): the bytes of a token (method, field name); a
  * table lookup, inline (every byte of every field name goes through it). */
 extern const unsigned char sv_tchar_table[256];

@@ -38,7 +38,8 @@
 #define SV_ACCEPT_BATCH 64           /* accepts per listener event */
 #define SV_EVICT_MIN_AGE 0.25        /* seconds: a connection this new is never evicted */
 #define SV_EVENTS 128                /* epoll events per wait */
-#define SV_REMOTE_MAX 64
+#define SV_REMOTE_MAX 64             /* REMOTE_ADDR text, NUL included (a set_remote_address value: 63 bytes) */
+#define SV_REMOTE_HEADER_MAX 128     /* set_remote_address header: the field name, NUL included */
 #define SV_DRAIN_ACK_SECONDS 1.0     /* Core#drain waits this long for the loop to stop accepting */
 #define SV_DRAIN_FRESH_SECONDS 0.5   /* balance: a drain's grace for a new connection's first request */
 
@@ -146,6 +147,7 @@ typedef struct sv_conn {
     uint32_t slot;               /* index in core->conns */
     sv_listener *listener;
     char remote[SV_REMOTE_MAX];
+    int proxy;                   /* a PROXY header must come first (opt.proxy_versions) and has not yet */
     const sv_transport *io;      /* read/write/flush/close of the socket (transport.h) */
     void *tls;                   /* TLS transport only (tls.c): SSL*, else NULL */
     uint32_t tls_want;           /* TLS: epoll event OpenSSL waits for, or 0 */
@@ -209,6 +211,11 @@ typedef struct {
                                   * no thread is free (gvl_balance) */
     double max_queue_time;       /* load shedding budget in seconds (shed.h); 0: off */
     int thread_polls;            /* asked for: request threads poll while the loop parks (polls.c) */
+    /* set_remote_address (docs/configuration.md): at most one of these three */
+    int proxy_versions;          /* SV_PROXY_V1 | SV_PROXY_V2 (parser.h): each connection starts with a PROXY header */
+    char remote_value[SV_REMOTE_MAX];         /* non-empty: REMOTE_ADDR of every request */
+    char remote_header[SV_REMOTE_HEADER_MAX]; /* non-empty: REMOTE_ADDR from this field's first element (env.c) */
+    size_t remote_header_len;
     char tmpdir[1024];
 } sv_options;
 

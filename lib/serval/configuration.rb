@@ -4,6 +4,7 @@ require "tmpdir"
 require "serval/errors"
 require "serval/native_ext"
 require "serval/fairness"
+require "serval/remote_address"
 
 module Serval
   # Builds the frozen options hash the Server receives, from these layers:
@@ -97,6 +98,7 @@ module Serval
       thread_polls: true, # request threads read requests between requests while the loop parks (docs/DESIGN.md)
       gvl_balance_interval: 1.0, # seconds: the load window, and the least time between two moves
       agent_check_url: nil, # tcp://HOST:PORT: HAProxy agent-check on the master (docs/deployment.md)
+      remote_address: :socket, # set_remote_address: REMOTE_ADDR's source (lib/serval/remote_address.rb)
       # Puma 8's DSL (docs/configuration.md "Every Puma 8 config method")
       redirect_stdout: nil, redirect_stderr: nil, redirect_append: false, # stdout_redirect
       log_formatter: nil,           # a callable applied to every line LogWriter prints
@@ -195,6 +197,7 @@ module Serval
       thread_polls: [:bool],
       gvl_balance_interval: [:seconds, 0.2, 60.0],
       agent_check_url: [:tcp_or_nil],
+      remote_address: [:remote_address],
       redirect_stdout: [:string_or_nil], redirect_stderr: [:string_or_nil], redirect_append: [:bool],
       log_formatter: [:callable_or_nil],
       custom_logger: [:logger],
@@ -297,6 +300,7 @@ module Serval
     end
 
     def self.check_relations(opts)
+      RemoteAddress.check(opts)
       if opts[:max_io_threads].positive? && !opts[:timing]
         raise ConfigError, "max_io_threads: the I/O lane measures idle requests with timing; remove `timing false`"
       end
@@ -343,6 +347,7 @@ module Serval
       when :logger then logger(name, value)
       when :methods then http_methods(name, value)
       when :choice then choice(name, value, min)
+      when :remote_address then RemoteAddress.coerce(name, value)
       end
     end
 

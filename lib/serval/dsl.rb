@@ -15,7 +15,7 @@ module Serval
   class DSL
     # Puma options Serval accepts and ignores with a warning. The rest of
     # Puma 8's DSL beyond this file: lib/serval/dsl_puma.rb.
-    UNSUPPORTED = %i[set_remote_address].freeze
+    UNSUPPORTED = %i[].freeze
 
     # Serval options set with one value, named like their keys.
     PLAIN = %i[
@@ -152,6 +152,19 @@ module Serval
 
     def early_hints(value = true)
       set(:early_hints, value)
+    end
+
+    # Puma's set_remote_address: REMOTE_ADDR from the socket (:socket, the
+    # default), a fixed text (:localhost, "10.0.0.1"), a request header
+    # (header: "X-Forwarded-For": its first element) or the PROXY header each
+    # connection must start with (proxy_protocol: :v1, :v2 or :any).
+    # docs/configuration.md "REMOTE_ADDR"; checks in lib/serval/remote_address.rb.
+    def set_remote_address(value = :socket, **kw)
+      if !kw.empty? && value != :socket
+        raise ConfigError, "set_remote_address: give one value, got #{value.inspect} and #{kw.inspect}"
+      end
+
+      set(:remote_address, kw.empty? ? value : kw, name: :set_remote_address)
     end
 
     # Puma's `plugin :name`. tmp_restart is Serval's own (lib/serval/plugins);

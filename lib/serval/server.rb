@@ -9,6 +9,7 @@ require "serval/thread_pool"
 require "serval/request_handler"
 require "serval/error_responder"
 require "serval/error_log"
+require "serval/remote_address"
 
 module Serval
   # One serving process: the native I/O core plus the Ruby thread pool.
@@ -147,6 +148,7 @@ module Serval
     # the loop keeps doing that (docs/configuration.md, thread_polls).
     def core_options(options)
       core = options.slice(*CORE_KEYS)
+      core.merge!(RemoteAddress.core_options(options[:remote_address]))
       core[:thread_polls] = false if options[:threads_auto] || options[:max_io_threads].to_i.positive?
       core
     end

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 static int passed, failed;
 
@@ -786,6 +787,179 @@ static void test_regname_table(void)
     }
 }
 
+/* ---- PROXY protocol ---------------------------------------------------- */
+
+#define ALL_PROXY (SV_PROXY_V1 | SV_PROXY_V2)
+
+static int proxy(const char *buf, size_t len, int versions, sv_proxy *p)
+{
+    const char *msg = NULL;
+    int rc = sv_parse_proxy(p, versions, buf, len, &msg);
+    if (rc < 0 && msg == NULL) {
+        fprintf(stderr, "proxy error %d without errmsg\n", rc);
+        failed++;
+    }
+    return rc;
+}
+
+/* every strict prefix of a complete header is incomplete (0), the whole is
+ * its length, and bytes after it change nothing */
+static int proxy_ok(const char *buf, size_t len, int versions, sv_proxy *p)
+{
+    sv_proxy q;
+    for (size_t i = 0; i < len; i++)
+        if (proxy(buf, i, versions, &q) != 0) {
+            fprintf(stderr, "  PROXY prefix of %zu bytes not incomplete\n", i);
+            failed++;
+            return -1;
+        }
+    char more[SV_PROXY_V2_MAX + 32];
+    memcpy(more, buf, len);
+    memcpy(more + len, "GET / HTTP/1.1\r\n", 16);
+    int rc = proxy(buf, len, versions, p);
+    CHECK(proxy(more, len + 16, versions, &q) == rc);
+    return rc;
+}
+
+#define PROXY_V1_OK(s) proxy_ok(s, strlen(s), ALL_PROXY, &p)
+#define PROXY_BAD(s) CHECK(proxy(s, strlen(s), ALL_PROXY, &p) == -400)
+
+static size_t v2_header(unsigned char *b, int cmd, int fam, size_t body)
+{
+    static const unsigned char sig[12] = {'\r', '\n', '\r', '\n', 0, '\r', '\n', 'Q', 'U', 'I', 'T', '\n'};
+    memcpy(b, sig, 12);
+    b[12] = (unsigned char)(0x20 | cmd);
+    b[13] = (unsigned char)fam;
+    b[14] = (unsigned char)(body >> 8);
+    b[15] = (unsigned char)(body & 0xff);
+    memset(b + 16, 0, body);
+    return 16 + body;
+}
+
+static void test_proxy_v1(void)
+{
+    sv_proxy p;
+    const char *tcp4 = "PROXY TCP4 203.0.113.7 10.0.0.1 51234 8080\r\n";
+    CHECK(PROXY_V1_OK(tcp4) == (int)strlen(tcp4));
+    CHECK(p.version == 1 && !p.keep && p.family == AF_INET && p.port == 51234);
+    CHECK(memcmp(p.addr, "\xcb\x00\x71\x07", 4) == 0);
+    const char *tcp6 = "PROXY TCP6 2001:db8::7 2001:db8::1 0 65535\r\n";
+    CHECK(PROXY_V1_OK(tcp6) == (int)strlen(tcp6));
+    CHECK(p.family == AF_INET6 && p.port == 0 && p.addr[0] == 0x20 && p.addr[1] == 0x01 && p.addr[15] == 7);
+    CHECK(PROXY_V1_OK("PROXY UNKNOWN\r\n") == 15 && p.keep);
+    CHECK(PROXY_V1_OK("PROXY UNKNOWN ffff::1 ffff::2 1 2\r\n") > 0 && p.keep);
+    /* v1 only, v2 only */
+    CHECK(proxy(tcp4, strlen(tcp4), SV_PROXY_V1, &p) == (int)strlen(tcp4));
+    CHECK(proxy(tcp4, strlen(tcp4), SV_PROXY_V2, &p) == -400);
+    /* not a PROXY header: rejected at the first byte that cannot start one */
+    PROXY_BAD("GET / HTTP/1.1\r\n");
+    PROXY_BAD("G");
+    PROXY_BAD("PO");
+    PROXY_BAD("proxy TCP4 1.2.3.4 1.2.3.4 1 2\r\n");
+    PROXY_BAD("PROXY TCP5");
+    PROXY_BAD("PROXY UDP4 1.2.3.4 1.2.3.4 1 2\r\n");
+    PROXY_BAD("PROXY UNKNOWNX\r\n");
+    CHECK(proxy("PROXY TCP", 9, ALL_PROXY, &p) == 0);
+    CHECK(proxy("PROXY UNKN", 10, ALL_PROXY, &p) == 0);
+    /* malformed lines */
+    PROXY_BAD("PROXY TCP4 1.2.3.4 1.2.3.5 1 2\n");
+    PROXY_BAD("PROXY TCP4 1.2.3.4 1.2.3.5 1 2\rX");
+    PROXY_BAD("PROXY TCP4 1.2.3.4 1.2.3.5 1\r\n");
+    PROXY_BAD("PROXY TCP4 1.2.3.4 1.2.3.5 1 2 3\r\n");
+    PROXY_BAD("PROXY TCP4  1.2.3.4 1.2.3.5 1 2\r\n");
+    PROXY_BAD("PROXY TCP4 1.2.3.4 1.2.3.5 1 2 \r\n");
+    PROXY_BAD("PROXY TCP4\r\n");
+    PROXY_BAD("PROXY TCP4 2001:db8::1 1.2.3.5 1 2\r\n");
+    PROXY_BAD("PROXY TCP6 1.2.3.4 2001:db8::1 1 2\r\n");
+    PROXY_BAD("PROXY TCP4 1.2.3.256 1.2.3.5 1 2\r\n");
+    PROXY_BAD("PROXY TCP4 01.2.3.4 1.2.3.5 1 2\r\n");
+    PROXY_BAD("PROXY TCP4 1.2.3.4 1.2.3.5 65536 2\r\n");
+    PROXY_BAD("PROXY TCP4 1.2.3.4 1.2.3.5 080 2\r\n");
+    PROXY_BAD("PROXY TCP4 1.2.3.4 1.2.3.5 -1 2\r\n");
+    PROXY_BAD("PROXY TCP4 1.2.3.4\t1.2.3.5 1 2\r\n");
+    PROXY_BAD("PROXY UNKNOWN \x01\r\n");
+    /* the length limit: 107 bytes with the CRLF */
+    char line[256];
+    memcpy(line, "PROXY UNKNOWN ", 14);
+    memset(line + 14, 'x', SV_PROXY_V1_MAX - 16);
+    memcpy(line + SV_PROXY_V1_MAX - 2, "\r\n", 3);
+    CHECK(strlen(line) == SV_PROXY_V1_MAX);
+    CHECK(PROXY_V1_OK(line) == SV_PROXY_V1_MAX);
+    memset(line + 14, 'x', SV_PROXY_V1_MAX - 15);
+    memcpy(line + SV_PROXY_V1_MAX - 1, "\r\n", 3);
+    PROXY_BAD(line);                                   /* 108 bytes */
+    CHECK(proxy(line, SV_PROXY_V1_MAX - 1, ALL_PROXY, &p) == 0);
+    CHECK(proxy(line, SV_PROXY_V1_MAX, ALL_PROXY, &p) == -400); /* no CRLF can end it in time */
+    CHECK(sv_parse_proxy(&p, ALL_PROXY, "X", 1, NULL) == -400);   /* errmsg may be NULL */
+    CHECK(sv_parse_proxy(&p, ALL_PROXY, "", 0, NULL) == 0);
+}
+
+static void test_proxy_v2(void)
+{
+    sv_proxy p;
+    unsigned char b[SV_PROXY_V2_MAX + 64];
+    /* PROXY TCP4 */
+    size_t n = v2_header(b, 1, 0x11, 12);
+    memcpy(b + 16, "\xc6\x33\x64\x09", 4);
+    memcpy(b + 24, "\x1f\x90", 2);
+    CHECK(proxy_ok((char *)b, n, ALL_PROXY, &p) == 28);
+    CHECK(p.version == 2 && !p.keep && p.family == AF_INET && p.port == 8080 && b[16] == p.addr[0] && p.addr[3] == 9);
+    /* TLVs after the addresses are skipped */
+    n = v2_header(b, 1, 0x11, 12 + 7);
+    memcpy(b + 16, "\x0a\x00\x00\x05", 4);
+    memcpy(b + 28, "\x04\x00\x04test", 7);
+    CHECK(proxy_ok((char *)b, n, ALL_PROXY, &p) == (int)n && p.addr[3] == 5);
+    /* PROXY TCP6 */
+    n = v2_header(b, 1, 0x21, 36);
+    b[16] = 0x20;
+    b[17] = 0x01;
+    b[31] = 0x42;
+    b[48] = 0x01;
+    b[49] = 0x02;
+    CHECK(proxy_ok((char *)b, n, ALL_PROXY, &p) == 52);
+    CHECK(p.family == AF_INET6 && p.addr[0] == 0x20 && p.addr[15] == 0x42 && p.port == 258);
+    /* LOCAL, UNSPEC and UNIX keep the socket's address */
+    n = v2_header(b, 0, 0x00, 0);
+    CHECK(proxy_ok((char *)b, n, ALL_PROXY, &p) == 16 && p.keep);
+    n = v2_header(b, 0, 0x11, 12);
+    CHECK(proxy_ok((char *)b, n, ALL_PROXY, &p) == 28 && p.keep);
+    n = v2_header(b, 1, 0x00, 0);
+    CHECK(proxy_ok((char *)b, n, ALL_PROXY, &p) == 16 && p.keep);
+    n = v2_header(b, 1, 0x31, 216);
+    CHECK(proxy_ok((char *)b, n, ALL_PROXY, &p) == 232 && p.keep);
+    /* v2 only, v1 only */
+    CHECK(proxy((char *)b, n, SV_PROXY_V2, &p) == 232);
+    CHECK(proxy((char *)b, n, SV_PROXY_V1, &p) == -400);
+    /* malformed: each rejected as soon as its byte arrives */
+    n = v2_header(b, 1, 0x11, 12);
+    b[12] = 0x11; /* version 1 */
+    CHECK(proxy((char *)b, 13, ALL_PROXY, &p) == -400);
+    b[12] = 0x22; /* command 2 */
+    CHECK(proxy((char *)b, 13, ALL_PROXY, &p) == -400);
+    b[12] = 0x21;
+    const int bad_fams[] = {0x01, 0x10, 0x13, 0x40, 0x41, 0xff};
+    for (size_t i = 0; i < sizeof(bad_fams) / sizeof(bad_fams[0]); i++) {
+        b[13] = (unsigned char)bad_fams[i];
+        CHECK(proxy((char *)b, 14, ALL_PROXY, &p) == -400);
+    }
+    b[11] = 'X'; /* a broken signature */
+    CHECK(proxy((char *)b, 12, ALL_PROXY, &p) == -400);
+    /* addresses shorter than the family needs */
+    n = v2_header(b, 1, 0x11, 11);
+    CHECK(proxy((char *)b, 16, ALL_PROXY, &p) == -400);
+    n = v2_header(b, 1, 0x21, 35);
+    CHECK(proxy((char *)b, 16, ALL_PROXY, &p) == -400);
+    /* the length limit, known from the fixed 16 bytes */
+    n = v2_header(b, 1, 0x11, SV_PROXY_V2_MAX - 16);
+    CHECK(proxy_ok((char *)b, n, ALL_PROXY, &p) == SV_PROXY_V2_MAX);
+    v2_header(b, 1, 0x11, 0);
+    b[14] = (unsigned char)((SV_PROXY_V2_MAX - 15) >> 8);
+    b[15] = (unsigned char)((SV_PROXY_V2_MAX - 15) & 0xff);
+    CHECK(proxy((char *)b, 16, ALL_PROXY, &p) == -400);
+    b[14] = b[15] = 0xff;
+    CHECK(proxy((char *)b, 16, ALL_PROXY, &p) == -400);
+}
+
 int main(void)
 {
     test_tchar_table();
@@ -808,6 +982,8 @@ int main(void)
     test_errmsg_null();
     test_chunked();
     test_chunked_incremental();
+    test_proxy_v1();
+    test_proxy_v2();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
