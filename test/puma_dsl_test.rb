@@ -197,11 +197,10 @@ class PumaDSLTest < Minitest::Test
                /\Aserval: max_fast_inline 10 -> max_keepalive_requests 10\z/,
                /\Aserval: max_keep_alive 100 -> max_keepalive_requests 100\z/,
                /\Aserval: `io_selector_backend` has no effect in Serval/,
-               /\Aserval: config option `fork_worker` is not supported yet and is ignored \(refork issue\)\z/,
-               /\Aserval: config option `set_remote_address` is not supported yet/] # until that lands
+               /\Aserval: config option `fork_worker` is not supported yet and is ignored \(refork issue\)\z/]
     noisy = lines.select { |l| l.match?(/ignored|not supported|has no effect|->/) }
     assert_equal [], noisy.reject { |l| allowed.any? { |re| l.match?(re) } }, server.logs
-    assert_equal 6, noisy.size - noisy.count { |l| l.include?("set_remote_address") }, server.logs
+    assert_equal 6, noisy.size, server.logs
   ensure
     server&.cleanup(passed?)
   end
