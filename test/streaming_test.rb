@@ -119,6 +119,34 @@ class StreamingTest < Minitest::Test
     end
   end
 
+  # What Rails and most middleware return: an Enumerator in a
+  # Rack::BodyProxy, no content-length. Still streamed chunk by chunk (only a
+  # declared length makes a generated body buffered: generated_body_test.rb).
+  def test_an_enumerator_in_a_body_proxy_without_a_length_streams
+    arrived = Gate.new
+    app = lambda do |_env|
+      body = Enumerator.new do |y|
+        %w[one two].each do |word|
+          y << word
+          arrived.pop or raise "#{word} never reached the client"
+        end
+      end
+      [200, { "content-type" => "text/csv" }, Rack::BodyProxy.new(body) {}]
+    end
+    with_server(app) do |_server, port|
+      wire = Wire.new(port)
+      wire.write("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+      %w[one two].each do |word|
+        wire.wait_for(/\r\n#{word}\r\n/)
+        arrived.push
+      end
+      wire.wait_for(/0\r\n\r\n\z/)
+      assert_match(/transfer-encoding: chunked/i, wire.data)
+    ensure
+      wire&.close
+    end
+  end
+
   # The head goes out with the first chunk: nothing is sent while the body
   # has not yielded, so an error before the first chunk can still be a 500.
   def test_head_goes_out_with_the_first_chunk

@@ -397,6 +397,21 @@ static VALUE req_flush(VALUE self)
     return Qnil;
 }
 
+/* write + one non-blocking send, never a wait: a chunk of a generated body
+ * of known length reaches a client that keeps up when it is made (a slow
+ * producer's first bytes are not held back until the buffer fills); when
+ * the client is behind, the bytes stay in the buffer or the spill for the
+ * loop (append_body) and the thread goes on. Once spilled, the file is the
+ * loop's to send. */
+static VALUE req_write_nowait(VALUE self, VALUE str)
+{
+    req_write(self, str);
+    sv_conn *c = conn_of(self);
+    if (c->file_fd < 0 && pending(c) > 0 && sv_conn_flush(c) < 0)
+        rb_raise(sv_eConnectionError, "client closed the connection");
+    return Qnil;
+}
+
 /* write + flush: one chunk of a streamed body. */
 static VALUE req_stream_write(VALUE self, VALUE str)
 {
@@ -620,6 +635,7 @@ void sv_init_request(VALUE mNative)
     rb_define_method(sv_cRequest, "respond", req_respond, 3);
     rb_define_method(sv_cRequest, "flush", req_flush, 0);
     rb_define_method(sv_cRequest, "stream_write", req_stream_write, 1);
+    rb_define_method(sv_cRequest, "write_nowait", req_write_nowait, 1);
     rb_define_method(sv_cRequest, "sendfile", req_sendfile, 3);
     rb_define_method(sv_cRequest, "finish", req_finish, 0);
     rb_define_method(sv_cRequest, "abort", req_abort, 0);

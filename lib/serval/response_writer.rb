@@ -4,13 +4,16 @@ require "serval/stream"
 
 module Serval
   # Writes a Rack response through a native Request: Array bodies with a
-  # content-length, to_path bodies with sendfile, other enumerables chunked
-  # (HTTP/1.1) or until close (HTTP/1.0) with every chunk sent as it is
-  # yielded (the head with the first), streaming bodies through a Stream
-  # (each write sent at once; the head with the first write or flush),
-  # and partial hijack (a rack.hijack response header). A plain Array body
-  # of Strings without a rack.hijack header never comes here: the handler's
-  # Request#respond writes it in one C call.
+  # content-length, to_path bodies with sendfile, other enumerables with a
+  # content-length buffered like an Array (the thread never waits for the
+  # client: see #write_each), enumerables without one (and Rails'
+  # ActionController::Live bodies) streamed chunked (HTTP/1.1) or until
+  # close (HTTP/1.0) with every chunk sent as it is yielded (the head with
+  # the first), streaming bodies through a Stream (each write sent at once;
+  # the head with the first write or flush), and partial hijack (a
+  # rack.hijack response header). A plain Array body of Strings without a
+  # rack.hijack header never comes here: the handler's Request#respond
+  # writes it in one C call.
   class ResponseWriter
     HIJACK = "rack.hijack"
     CONTENT_LENGTH = "content-length"
@@ -44,13 +47,49 @@ module Serval
       body.each { |chunk| request.write(chunk) }
     end
 
+    # An enumerable whose length the app declared (a content-length header:
+    # Rack::Files' range bodies, a CSV export or a proxied download that
+    # sets it) is a generated body like an Array: each chunk is buffered,
+    # offered to the socket once without waiting (a client that keeps up
+    # gets it as it is made), and what the client has not taken stays in the
+    # output buffer, then the spill, for the event loop to send while the
+    # thread takes the next request (docs/configuration.md "Response
+    # bodies"). The declared length frames the response, as for an Array
+    # with a wrong content-length (ext/serval/request.c): bytes past it are
+    # not sent and the body is not iterated further, and a body that ends
+    # short leaves the client waiting for nothing more; either way the
+    # connection is closed after the response instead of kept alive.
+    #
     # An enumerable of unknown length is streamed: every chunk reaches the
     # socket when the body yields it (Server-Sent Events, ActionController::
-    # Live), not when the output buffer fills. The head goes out with the
-    # first chunk, so a body that raises before yielding anything still gets
-    # a 500 (Rails' Live returns from #call only once its first write
-    # committed the response, so its head is not delayed).
+    # Live), not when the output buffer fills; when the client is behind,
+    # the thread waits for it. Rails' Live bodies are streamed even with a
+    # content-length (Rails removes it on the first write anyway).
+    #
+    # Either way the head goes out with the first chunk, so a body that
+    # raises before yielding anything still gets a 500 (Rails' Live returns
+    # from #call only once its first write committed the response, so its
+    # head is not delayed).
     def write_each(request, status, headers, body)
+      declared = declared_length(headers)
+      return stream_each(request, status, headers, body) if declared.nil? || live?(body)
+
+      started = false
+      sent = 0
+      body.each do |chunk|
+        unless started
+          return unless request.write_head(status, headers, nil) # HEAD, 204, 304: no body to take
+
+          started = true
+        end
+        request.write_nowait(chunk) # raises unless a String (or to_str), as #stream_write
+        sent += chunk.is_a?(String) ? chunk.bytesize : chunk.to_str.bytesize
+        break if declared.is_a?(Integer) && sent > declared # cut (and closed) by the C side
+      end
+      request.write_head(status, headers, nil) unless started
+    end
+
+    def stream_each(request, status, headers, body)
       started = false
       body.each do |chunk|
         unless started
@@ -61,6 +100,39 @@ module Serval
         request.stream_write(chunk)
       end
       request.write_head(status, headers, nil) unless started
+    end
+
+    # The content-length header's value as an Integer; true when there is
+    # one that is not plain digits (write_head rejects it: a 500 before
+    # anything is sent); nil when there is none (or it is nil, which
+    # head.c treats as absent). Any case of the name, as head.c reads it.
+    def declared_length(headers)
+      return nil unless headers.is_a?(Hash) # converted (or refused) by write_head; streamed as before
+
+      value = headers[CONTENT_LENGTH]
+      if value.nil? && !headers.key?(CONTENT_LENGTH)
+        headers.each do |name, v|
+          next unless (name.is_a?(String) || name.is_a?(Symbol)) && name.to_s.casecmp?(CONTENT_LENGTH)
+
+          value = v
+          break
+        end
+      end
+      return nil if value.nil?
+
+      value = value.first if value.is_a?(Array) && value.size == 1
+      value.to_s.match?(/\A\d{1,18}\z/) ? value.to_s.to_i : true
+    end
+
+    # Rails' ActionController::Live: the body (a Rack::BodyProxy passes the
+    # call on) is the response's RackBody, whose stream is a Live::Buffer.
+    def live?(body)
+      return false unless defined?(::ActionController::Live::Buffer) && body.respond_to?(:response)
+
+      response = body.response
+      response.respond_to?(:stream) && response.stream.is_a?(::ActionController::Live::Buffer)
+    rescue StandardError
+      false
     end
 
     # The file may be sent with sendfile when it is a regular file and the
