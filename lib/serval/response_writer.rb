@@ -39,12 +39,13 @@ module Serval
 
     private
 
+    # A nil element is left out, as Puma does.
     def write_array(request, status, headers, body)
       length = 0
-      body.each { |chunk| length += chunk.bytesize }
+      body.each { |chunk| length += chunk.bytesize unless chunk.nil? }
       return unless request.write_head(status, headers, length)
 
-      body.each { |chunk| request.write(chunk) }
+      body.each { |chunk| request.write(chunk) unless chunk.nil? }
     end
 
     # An enumerable whose length the app declared (a content-length header:
@@ -77,6 +78,8 @@ module Serval
       started = false
       sent = 0
       body.each do |chunk|
+        next if chunk.nil? # skipped, as Puma does
+
         unless started
           return unless request.write_head(status, headers, nil) # HEAD, 204, 304: no body to take
 
@@ -92,6 +95,8 @@ module Serval
     def stream_each(request, status, headers, body)
       started = false
       body.each do |chunk|
+        next if chunk.nil? # skipped, as Puma does
+
         unless started
           return unless request.write_head(status, headers, nil) # HEAD, 204, 304: no body to take
 
