@@ -54,7 +54,9 @@ step "examples/rails bundle"
 step "examples/rails database (production)"
 SECRET_KEY_BASE="${SECRET_KEY_BASE:-$(ruby -rsecurerandom -e 'print SecureRandom.hex(64)')}"
 export SECRET_KEY_BASE
-# db:seed too: idempotent, and an existing database gets its 10 rows for /db.
+# db:prepare creates the database and loads db/schema.rb (the app's tables,
+# Solid Queue's and job_runs), or migrates an existing one to it; db:seed
+# too: idempotent, and an existing database gets its 10 rows for /db.
 (cd examples/rails && RAILS_ENV=production bin/rails db:prepare db:seed)
 
 if [ "$what" = setup ]; then

@@ -7,6 +7,7 @@ Rails.application.routes.draw do
   get "plain" => "pages#plain"
   get "db" => "pages#db"
   get "cpu" => "pages#cpu"
+  resources :jobs, only: %i[ create show ], param: :token
 
   # 200 when the app booted (load balancers, bench/run's readiness check)
   get "up" => "rails/health#show", as: :rails_health_check

@@ -16,7 +16,7 @@ module RailsIntegration
     APP = File.join(ROOT, "examples", "rails")
     BUNDLE = File.join(RbConfig::CONFIG["bindir"], "bundle")
 
-    attr_reader :name, :port, :metrics_port, :env, :log_dir
+    attr_reader :name, :port, :metrics_port, :env, :log_dir, :pid
 
     def self.free_port
       server = TCPServer.new("127.0.0.1", 0)
@@ -25,8 +25,9 @@ module RailsIntegration
       server&.close
     end
 
-    # command: :rails_server (bin/rails server -u serval) or :serval_config
-    # (bundle exec serval -C config/puma.rb); env: extra environment.
+    # command: :rails_server (bin/rails server -u serval), :serval_config
+    # (bundle exec serval -C config/puma.rb) or :puma_config (bundle exec
+    # puma -C config/puma.rb, the reference); env: extra environment.
     def initialize(name, command:, env: {})
       @name = name
       @port = self.class.free_port
@@ -44,6 +45,7 @@ module RailsIntegration
       case command
       when :rails_server then [RbConfig.ruby, "bin/rails", "server", "-u", "serval", "-b", "127.0.0.1", "-p", @port.to_s]
       when :serval_config then [RbConfig.ruby, BUNDLE, "exec", "serval", "-C", "config/puma.rb"]
+      when :puma_config then [RbConfig.ruby, BUNDLE, "exec", "puma", "-C", "config/puma.rb"]
       else raise ArgumentError, "unknown command #{command.inspect}"
       end
     end
@@ -54,7 +56,8 @@ module RailsIntegration
       env = env.reject { |k, _| k.start_with?("BUNDLE_", "BUNDLER_") || %w[RUBYOPT RUBYLIB].include?(k) }
       env.merge("BUNDLE_GEMFILE" => File.join(APP, "Gemfile"), "RAILS_ENV" => "production",
                 "SECRET_KEY_BASE" => ENV.fetch("SECRET_KEY_BASE") { SecureRandom.hex(64) },
-                "RAILS_LOG_LEVEL" => "info", "WEB_CONCURRENCY" => nil, "BUNDLE_VERSION" => ENV["BUNDLE_VERSION"])
+                "RAILS_LOG_LEVEL" => "info", "WEB_CONCURRENCY" => nil, "BUNDLE_VERSION" => ENV["BUNDLE_VERSION"],
+                "SOLID_QUEUE_IN_PUMA" => nil, "BUILD_SHA" => nil, "DB_POOL" => nil)
     end
 
     def command_line = @command.drop(1).join(" ")
@@ -139,12 +142,46 @@ module RailsIntegration
       @readers&.each { |t| t.join(5) }
     end
 
+    # TERM to the server alone (what a supervisor such as systemd or
+    # Kubernetes sends) and a bounded wait for it to exit: its
+    # Process::Status, nil when it is still running after timeout.
+    def terminate(timeout: 30)
+      signal("TERM", @pid)
+      @waiter.join(timeout) && @waiter.value
+    end
+
+    # [[pid, args], ...] of the processes still in the server's process
+    # group (it is spawned as the group's leader; whatever it forks, and
+    # their forks, stay in the group unless they call setsid), from ps.
+    def group_processes
+      out = IO.popen(["ps", "-e", "-o", "pid=,pgid=,args="], &:read)
+      out.lines.filter_map do |line|
+        pid, pgid, args = line.strip.split(/\s+/, 3)
+        [Integer(pid), args.to_s] if Integer(pgid) == @pid
+      end
+    end
+
+    # Polls ps until the process group is empty, at most timeout seconds;
+    # returns what is left (empty when all are gone).
+    def wait_group_empty(timeout: 15)
+      deadline = now + timeout
+      loop do
+        left = group_processes
+        return left if left.empty? || now > deadline
+
+        sleep 0.2
+      end
+    end
+
     def logs
       %w[stdout stderr].map { |s| "--- #{s}:\n#{read_log(s).lines.last(60).join}" }.join
     end
 
     def cleanup(passed)
       stop
+      # A test that failed may leave forks behind (a job supervisor): the
+      # whole group goes, so that nothing outlives the test.
+      signal("KILL", -@pid) if @pid && !group_processes.empty?
       if passed
         FileUtils.rm_rf(@log_dir)
       else

@@ -154,6 +154,17 @@ module RailsIntegration
       assert server.wait_for(/Started GET "\/plain\?probe=#{probe}"/, timeout: 10)
     end
 
+    # A header whose value is nil: every posts page sets x-build from
+    # BUILD_SHA, which is unset outside a container, as real apps do. The
+    # page answers 200 with the header empty (Puma writes a nil value as an
+    # empty one), or with the value where the mode sets BUILD_SHA.
+    def test_nil_header_value_answers_200
+      res = client.get("/posts")
+      assert_equal 200, res.status, "#{res.head}\n#{res.body[0, 500]}"
+      assert_equal [server.env["BUILD_SHA"].to_s], res.all("x-build"), res.head
+      assert_includes res.body, "Posts"
+    end
+
     # The other two actions answer (the benchmark uses /plain and /db).
     def test_cpu_and_db_actions
       assert_equal "ok", client.get("/plain").body

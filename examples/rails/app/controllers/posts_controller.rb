@@ -1,5 +1,6 @@
 class PostsController < ApplicationController
   before_action :set_post, only: %i[ show edit update destroy ]
+  before_action :stamp_build
 
   # GET /posts
   def index
@@ -46,6 +47,13 @@ class PostsController < ApplicationController
   end
 
   private
+    # The build's commit on every page, as apps deployed from an image do:
+    # BUILD_SHA is set in the container and unset everywhere else, so the
+    # header's value is nil here (Puma writes it empty; so does Serval).
+    def stamp_build
+      response.headers["x-build"] = ENV["BUILD_SHA"]
+    end
+
     # Use callbacks to share common setup or constraints between actions.
     def set_post
       @post = Post.find(params.expect(:id))
