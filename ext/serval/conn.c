@@ -217,8 +217,13 @@ sv_next sv_conn_after_flush(sv_conn *c, int r, uint32_t *events, double now)
     if (r == 0) /* the socket is full: the loop writes the rest when it drains */
         return wait_for(c, SV_ST_WRITE, sv_now() + o->write_timeout, EPOLLOUT, events);
     if (!c->keep_alive || c->close_after || atomic_load(&core->draining) || atomic_load(&core->stopping)) {
-        if (!c->close_after && c->in.len <= c->consumed)
+        if (!c->close_after && c->in.len <= c->consumed) {
+            /* The FIN goes out now even if a fork (a plugin's child, an app's
+             * system()) still holds a copy of the descriptor: close alone
+             * would leave the client waiting for the end of the response. */
+            c->io->shutdown(c);
             return SV_NEXT_CLOSE;
+        }
         /* After an error answer, or with unread pipelined input: lingering
          * close, so the peer reads our bytes instead of a reset. */
         c->io->shutdown(c);
