@@ -116,6 +116,24 @@ class SystemdTest < Minitest::Test
     assert_equal "listen_fds=nil\n", get(server.port)
   end
 
+  # Puma's `bind_to_activated_sockets 'only'`: the passed socket serves,
+  # the configured bind it does not match is not bound.
+  def test_activated_sockets_only_leaves_unmatched_binds_unbound
+    setup_http
+    socket = TCPServer.new("127.0.0.1", 0)
+    port = socket.local_address.ip_port
+    spare = Serval::SubprocessServer.free_port
+    config = "bind 'tcp://127.0.0.1:#{spare}'\nbind_to_activated_sockets 'only'\n"
+    server = spawn_activated(socket, ["-C", "c.rb"])
+    File.write(File.join(server.dir, "c.rb"), config)
+    server.boot
+    socket.close
+    server.wait_for(/Not binding tcp:\/\/127\.0\.0\.1:#{spare}: bind_to_activated_sockets 'only'/)
+    assert_equal "listen_fds=nil\n", get(port)
+    assert_raises(Errno::ECONNREFUSED) { TCPSocket.new("127.0.0.1", spare) }
+    assert_equal 1, server.stdout.scan("* Listening on").size, server.logs
+  end
+
   def test_listen_pid_of_another_process_is_ignored
     socket = TCPServer.new("127.0.0.1", 0)
     env = { "LISTEN_PID" => "1", "LISTEN_FDS" => "1", "NOTIFY_SOCKET" => @notify_path }

@@ -133,12 +133,20 @@ module Serval
     end
 
     # Binds every URI; on any error closes what was opened and raises ConfigError.
-    def bind(uris)
+    # activated_only (Puma's `bind_to_activated_sockets 'only'`): when
+    # sockets were passed in (systemd, or a hot restart's), a bind that none
+    # of them matches is not bound.
+    def bind(uris, activated_only: false)
       inherited = take_inherited
+      only = activated_only && !inherited.empty?
       uris.each do |uri|
         bind = self.class.parse(uri)
         tls = tls_context(bind) if bind.scheme == :ssl
         adopted = adopt(inherited, bind, tls)
+        if adopted.empty? && only
+          log(:info, "* Not binding #{uri}: bind_to_activated_sockets 'only' and sockets were passed in")
+          next
+        end
         @listeners.concat(adopted.empty? ? listen(bind, tls) : adopted)
       end
       finish_inherited(inherited)

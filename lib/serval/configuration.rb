@@ -82,6 +82,7 @@ module Serval
       before_thread_start: [].freeze, # in each request thread (ThreadPool)
       before_thread_exit: [].freeze,
       out_of_band: [].freeze,         # when a request ends and none is in flight or queued
+      activated_sockets_only: false,  # bind_to_activated_sockets 'only' (Binder#bind)
       puma_plugins: [].freeze,        # [name, instance] of each Puma plugin (lib/serval/puma_plugins.rb)
       plugin_options: {}.freeze,      # what plugins' config methods set
       control_url: nil,
@@ -182,7 +183,7 @@ module Serval
       before_worker_fork: [:hooks], after_booted: [:hooks], before_restart: [:hooks], after_stopped: [:hooks],
       before_refork: [:hooks], after_refork: [:hooks], before_thread_start: [:hooks], before_thread_exit: [:hooks],
       out_of_band: [:hooks],
-      puma_plugins: [:any], plugin_options: [:any],
+      puma_plugins: [:any], plugin_options: [:any], activated_sockets_only: [:bool],
       control_url: [:bind_or_nil],
       control_auth_token: [:string_or_nil],
       metrics_bind: [:bind_or_nil],

@@ -207,10 +207,10 @@ module Serval
     end
 
     # true: Serval's way already (an inherited socket no bind names serves too).
+    # 'only': when sockets were passed in, binds none of them matches are
+    # not bound (Binder#bind).
     def bind_to_activated_sockets(bind = true)
-      return unless bind.to_s == "only"
-
-      not_yet(:bind_to_activated_sockets, "`only`: the configured binds are bound as well")
+      store(:activated_sockets_only, bind.to_s == "only")
     end
 
     def fork_worker(_after_requests = 1000)

@@ -95,7 +95,7 @@ module Serval
       # single mode (@preload nil: no choice) or a preloading cluster
       @app ||= Launcher::Support.load_app(@options[:rackup]) unless @preload == false
       @binder = Binder.new(backlog: @options[:backlog], log_writer: @log_writer)
-      @binder.bind(@options[:binds])
+      @binder.bind(@options[:binds], activated_only: @options[:activated_sockets_only])
       @pidfile = write_pidfile(@options[:pidfile])
       urls.each { |url| @log_writer.info("* Listening on #{url}") }
       @log_writer.info("Use Ctrl-C to stop")
