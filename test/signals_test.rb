@@ -94,6 +94,23 @@ class SignalsTest < Minitest::Test
     assert_equal "200", get(server.port).code
   end
 
+  # worker_culling_strategy :oldest: TTOU stops the worker that has run
+  # longest (index 0 here), and TTIN fills the lowest free index.
+  def test_ttou_with_oldest_culling_stops_the_oldest_worker
+    server = cluster("worker_culling_strategy :oldest\n")
+    booted(server, 2)
+    server.signal("TTOU")
+    server.wait_for(/- Stopping worker 0 \(PID: \d+\)/)
+    server.wait_for(/- Workers: 1/)
+    assert_equal "200", get(server.port).code
+    server.wait_for(/Worker 0 \(PID: \d+\) stopped/)
+    server.signal("TTIN")
+    server.wait_for(/- Workers: 2/)
+    server.wait_for_count(/Worker 0 \(PID: \d+\) booted/, 2)
+    refute_match(/Worker 2 /, server.stdout)
+    assert_equal "200", get(server.port).code
+  end
+
   def test_usr1_phased_restart_replaces_workers_one_at_a_time
     server = cluster
     old = booted(server, 2)

@@ -223,11 +223,30 @@ module Serval
     end
 
     def maintain
+      @options[:worker_culling_strategy] == :oldest ? maintain_oldest : maintain_youngest
+      step_phased_restart
+    end
+
+    # :youngest (the default): workers 0...wanted; fewer wanted stops the
+    # highest indexes, the ones added last.
+    def maintain_youngest
       @wanted.times do |i|
         spawn_worker(i) if !@workers.key?(i) && now >= @spawn_at[i]
       end
       @workers.keys.select { |i| i >= @wanted }.each { |i| retire(@workers[i]) }
-      step_phased_restart
+    end
+
+    # :oldest (Puma's worker_culling_strategy): fewer wanted stops the
+    # workers that have run longest; a missing worker takes the lowest index
+    # no worker (running or stopping) holds.
+    def maintain_oldest
+      retire(@workers.values.min_by(&:spawned_at)) while @workers.size > @wanted
+      taken = handles.map(&:index)
+      (@wanted - @workers.size).times do
+        index = (0..).find { |i| !taken.include?(i) }
+        taken << index
+        spawn_worker(index) if now >= @spawn_at[index]
+      end
     end
 
     def change_count(count)

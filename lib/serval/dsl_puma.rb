@@ -110,11 +110,9 @@ module Serval
 
     # Which workers TTOU (or a smaller count) stops. :youngest, Serval's way,
     # stops the highest index, the one added last.
+    # :youngest (Serval's default) or :oldest: which workers TTOU stops (Cluster#maintain).
     def worker_culling_strategy(strategy)
       set(:worker_culling_strategy, strategy)
-      return if @options[:worker_culling_strategy] == :youngest
-
-      not_yet(:worker_culling_strategy, "`:oldest`: Serval stops the highest index, as :youngest")
     end
 
     # Seconds without a request (and none in flight) before a graceful stop.
