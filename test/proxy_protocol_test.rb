@@ -3,6 +3,7 @@
 require "test_helper"
 require "fileutils"
 require "support/subprocess_server"
+require "support/real_proxies"
 
 # The PROXY protocol with a real HAProxy (the Debian package) in front of a
 # Serval subprocess configured with `set_remote_address proxy_protocol:
@@ -11,9 +12,9 @@ require "support/subprocess_server"
 # 127.0.0.3, ::1) than HAProxy's own connection to Serval (127.0.0.1), so
 # REMOTE_ADDR shows which one the app saw. Skipped without haproxy.
 class ProxyProtocolTest < Minitest::Test
+  include Serval::RealProxies
   include Serval::SubprocessHelpers
 
-  SBIN = %w[/usr/sbin /usr/local/sbin /sbin].freeze
 
   APP = <<~RUBY
     run lambda { |env| [200, { "content-type" => "text/plain" }, [env["REMOTE_ADDR"]]] }
@@ -119,62 +120,5 @@ class ProxyProtocolTest < Minitest::Test
     read_all(socket)
   ensure
     socket&.close
-  end
-
-  def read_all(socket, timeout: 15)
-    deadline = now + timeout
-    out = +"".b
-    loop do
-      left = deadline - now
-      raise "no EOF within #{timeout}s; got #{out.inspect}" if left <= 0 || !socket.wait_readable(left)
-
-      chunk = socket.read_nonblock(65_536, exception: false)
-      break if chunk.nil?
-
-      out << chunk unless chunk == :wait_readable
-    end
-    out
-  end
-
-  def tool(name)
-    path = (ENV.fetch("PATH", "").split(File::PATH_SEPARATOR) + SBIN).map { |d| File.join(d, name) }
-                                                                     .find { |f| File.executable?(f) }
-    skip "#{name} is not installed (apt-get install #{name}); .ci/run installs it" unless path
-    path
-  end
-
-  def start_proxy(argv, port, dir)
-    log = File.join(dir, "#{File.basename(argv.first)}.out")
-    pid = Process.spawn(*argv, out: log, err: log, in: File::NULL, pgroup: true)
-    @procs << pid
-    wait_listening(port) { File.read(log) }
-  end
-
-  # Another process's listen(2): nothing to wait on but connecting.
-  def wait_listening(port)
-    deadline = now + 10
-    begin
-      TCPSocket.new("127.0.0.1", port).close
-    rescue SystemCallError
-      raise "nothing listened on #{port}: #{yield if block_given?}" if now > deadline
-
-      sleep 0.02
-      retry
-    end
-  end
-
-  def stop_proxy(pid)
-    Process.kill("TERM", pid)
-    waiter = Process.detach(pid)
-    return if waiter.join(5)
-
-    Process.kill("KILL", -pid)
-    waiter.join(5)
-  rescue Errno::ESRCH
-    nil
-  end
-
-  def now
-    Process.clock_gettime(Process::CLOCK_MONOTONIC)
   end
 end

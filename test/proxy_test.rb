@@ -4,6 +4,7 @@ require "test_helper"
 require "json"
 require "fileutils"
 require "support/subprocess_server"
+require "support/real_proxies"
 require "serval/prometheus"
 
 # Real nginx and real HAProxy (the Debian packages) in front of a Serval
@@ -14,9 +15,9 @@ require "serval/prometheus"
 # (serval_request_upstream_queue_seconds). The proxy configs are the ones
 # docs/deployment.md shows. Skipped when nginx or haproxy is not installed.
 class ProxyTest < Minitest::Test
+  include Serval::RealProxies
   include Serval::SubprocessHelpers
 
-  SBIN = %w[/usr/sbin /usr/local/sbin /sbin].freeze
 
   # The app: /hold says it is in (FIFO `started`) and waits for the test
   # (FIFO `release`); any other path answers its own timing as JSON.
@@ -156,13 +157,6 @@ class ProxyTest < Minitest::Test
 
   private
 
-  def tool(name)
-    path = (ENV.fetch("PATH", "").split(File::PATH_SEPARATOR) + SBIN).map { |d| File.join(d, name) }
-                                                                     .find { |f| File.executable?(f) }
-    skip "#{name} is not installed (apt-get install #{name}); .ci/run installs it" unless path
-    path
-  end
-
   def with_serval
     dir = Dir.mktmpdir("serval-proxy-")
     FileUtils.chmod(0o755, dir) # nginx's workers run as another user when the master is root
@@ -181,32 +175,6 @@ class ProxyTest < Minitest::Test
     yield serval, dir
   ensure
     FileUtils.rm_rf(dir) if dir && passed?
-  end
-
-  def start_proxy(argv, port, dir)
-    log = File.join(dir, "#{File.basename(argv.first)}.out")
-    pid = Process.spawn(*argv, out: log, err: log, in: File::NULL, pgroup: true)
-    @procs << pid
-    deadline = now + 10
-    begin
-      TCPSocket.new("127.0.0.1", port).close
-    rescue SystemCallError
-      raise "#{argv.first} never listened on #{port}:\n#{File.read(log)}" if now > deadline
-
-      sleep 0.02 # waiting for another process's listen(2); nothing to wait on
-      retry
-    end
-  end
-
-  def stop_proxy(pid)
-    Process.kill("TERM", pid)
-    waiter = Process.detach(pid)
-    return if waiter.join(5)
-
-    Process.kill("KILL", -pid)
-    waiter.join(5)
-  rescue Errno::ESRCH
-    nil
   end
 
   # /hold takes Serval's only thread; /fast, sent through the proxy after,
@@ -254,21 +222,6 @@ class ProxyTest < Minitest::Test
     socket&.close
   end
 
-  def read_all(socket, timeout: 15)
-    deadline = now + timeout
-    out = +"".b
-    loop do
-      left = deadline - now
-      raise "no EOF within #{timeout}s; got #{out.inspect}" if left <= 0 || !socket.wait_readable(left)
-
-      chunk = socket.read_nonblock(65_536, exception: false)
-      break if chunk.nil?
-
-      out << chunk unless chunk == :wait_readable
-    end
-    out
-  end
-
   def dechunk(data)
     out = +""
     until data.empty?
@@ -308,7 +261,4 @@ class ProxyTest < Minitest::Test
     end
   end
 
-  def now
-    Process.clock_gettime(Process::CLOCK_MONOTONIC)
-  end
 end
