@@ -23,8 +23,6 @@ module Serval
       @mutex = Mutex.new
     end
 
-    attr_writer :log_writer
-
     # Registers a callable (or the block) for an event; returns it.
     def register(name, callable = nil, &block)
       raise ArgumentError, "give either a callable or a block, not both" if callable && block
@@ -57,19 +55,14 @@ module Serval
 
     # fire, once per name over the life of this object.
     def fire_once(name, *args)
-      return if @mutex.synchronize { @fired[name] || !(@fired[name] = true) }
-
-      fire(name, *args)
+      first = @mutex.synchronize { !@fired[name] && (@fired[name] = true) }
+      fire(name, *args) if first
     end
 
     # Puma's own method names for the three events.
     def fire_after_booted! = fire_once(:after_booted)
     def fire_before_restart! = fire(:before_restart)
     def fire_after_stopped! = fire_once(:after_stopped)
-
-    def hooks?(name)
-      @mutex.synchronize { !@hooks.fetch(canonical(name)).empty? }
-    end
 
     private
 
