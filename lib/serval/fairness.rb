@@ -19,6 +19,10 @@ module Serval
   module Fairness
     RUBY_SLICE_MS = 100.0 # Ruby's time slice at priority 0 (thread.c TIME_QUANTUM)
     MIN_PRIORITY = -3     # Thread#priority's floor; each step down halves the slice
+    # The slice `fair_timeslice true` means. Off by default: on a CPU-bound
+    # page every request waits for the GVL, and switching every 2 ms cost
+    # 3-12 % of Campfire's throughput (bench/NOTES.md, bench/cost_parts).
+    DEFAULT_SLICE_MS = 2.0
 
     @slice_ms = 0.0
 
