@@ -88,7 +88,7 @@ class SendWaitTest < Minitest::Test
   # The loop's dispatch (--no-thread-polls): four threads contend for the GVL
   # around their sends, the case measured here. Thread polls leave queued
   # requests to the running thread, so such waits get rare (this test failed
-  # 1 run in 8 with it, 0 in 10 without; docs/tuning.md "Limits").
+  # 1 run in 8 with it, 0 in 10 without; bench/NOTES.md "Limits of the model").
   def test_a_preempted_send_keeps_its_wait_in_the_io
     server = spawn_server(command: pinned_serval("-t", "4", "--no-thread-polls", "config.ru"), files: { "config.ru" => APP },
                           env: { "SEND_WAIT_PEER" => File.join(@dir, "peer.sock") })

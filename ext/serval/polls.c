@@ -1,7 +1,7 @@
 /*
  * Thread polls: request threads run the event loop's rounds themselves
  * between requests, so that a request arriving while Ruby runs wakes no
- * thread (docs/DESIGN.md "Thread polls", docs/performance.md).
+ * thread (docs/DESIGN.md "Thread polls", bench/NOTES.md).
  *
  * Without it every burst of arrivals wakes the loop thread, which preempts
  * the thread that holds the GVL, reads, queues and wakes a sleeping request

@@ -16,7 +16,7 @@ module Serval
   # child process at nice 19 (Auto::ModelProcess), not in this one, where it
   # held the GVL from the request threads in single mode: in an open-loop
   # benchmark at half load, the check once a minute took p99 from 150 ms to
-  # 600 ms (docs/tuning.md).
+  # 600 ms (bench/NOTES.md "The log line").
   class AdviceLog
     CHECK_SETTINGS = { sim_requests: 5000, load_requests: 5000 }.freeze
     BOOT_WAIT = 86_400

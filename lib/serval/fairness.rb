@@ -12,7 +12,8 @@ module Serval
   # the GVL for the slice while another thread waits (mode :preempt).
   # Ruby 3.1/3.2: request threads get the Thread#priority whose Ruby slice is
   # closest to the setting from below (mode :priority); what that buys depends
-  # on the Ruby (docs/tuning.md has the measured figures).
+  # on the Ruby (bench/NOTES.md "Fairness between CPU- and I/O-bound requests"
+  # has the measured figures).
   #
   # The setting is per process, as the GVL is: Server#run calls start, each
   # request thread calls apply as it starts (ThreadPool#work).
