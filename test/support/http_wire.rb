@@ -119,6 +119,15 @@ module Serval
         @buffer.slice!(0, n)
       end
 
+      # Reads until the bytes received and not yet consumed match pattern;
+      # returns the MatchData and consumes nothing (a stream read as it grows).
+      def read_until_match(pattern)
+        until (match = pattern.match(@buffer))
+          fill
+        end
+        match
+      end
+
       # Everything until the peer closes; raises WireTimeout if it does not.
       def read_to_eof
         loop { break unless fill(eof_ok: true) }
@@ -148,14 +157,19 @@ module Serval
 
       # Waits for the peer to close. Returns :eof (orderly close, no more
       # bytes), :reset (RST), :data (bytes arrived first or were already
-      # buffered; see #buffered) or :timeout.
+      # buffered; see #buffered) or :timeout. timeout 0 looks without waiting.
       def wait_close(timeout: @timeout)
         return :data unless @buffer.empty?
 
+        read_more(timeout)
+      end
+
+      # Waits up to timeout seconds for more bytes and appends them to the
+      # buffer. Returns :data, :eof, :reset or :timeout; never raises.
+      def read_more(timeout = @timeout)
         deadline = now + timeout
         loop do
-          left = deadline - now
-          return :timeout if left <= 0 || !@socket.wait_readable(left)
+          return :timeout unless @socket.wait_readable([deadline - now, 0].max)
 
           chunk = read_chunk
           next if chunk == :wait_readable
