@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
-require "support/raw_http"
+require "support/http_wire"
 require "support/subprocess_server"
 
 # GVL-aware balancing across workers (docs/tuning.md "Balancing workers"):
@@ -11,7 +11,7 @@ require "support/subprocess_server"
 class GVLBalanceTest < Minitest::Test
   include Serval::SubprocessHelpers
 
-  Client = Serval::TestHelpers::RawHTTP::Client
+  Client = Serval::HttpWire::Client
   GET = "GET / HTTP/1.1\r\nhost: x\r\n\r\n"
   HELLO = ->(_env) { [200, { "content-type" => "text/plain", "content-length" => "5" }, ["hello"]] }
 
@@ -19,15 +19,15 @@ class GVLBalanceTest < Minitest::Test
     with_server(HELLO, balance: true, min_threads: 2, max_threads: 2) do |server, port|
       c = Client.new(port)
       r = c.write(GET).read_response
-      assert_nil r["connection"]
+      assert_nil r.field("connection")
       server.core.balance_move
       r = c.write(GET).read_response
-      assert_equal [200, "close", "hello"], [r.status, r["connection"], r.body]
+      assert_equal [200, "close", "hello"], [r.status, r.field("connection"), r.body]
       assert_equal :eof, c.wait_close, "closed once the response was written"
       other = Client.new(port)
       2.times do
         r = other.write(GET).read_response
-        assert_nil r["connection"], "one grant moves one connection"
+        assert_nil r.field("connection"), "one grant moves one connection"
       end
       assert_equal 1, server.core.balance_moved
       other.close
@@ -52,11 +52,11 @@ class GVLBalanceTest < Minitest::Test
       server.core.balance_move
       closing = Client.new(port)
       r = closing.write("GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").read_response
-      assert_equal "close", r["connection"]
+      assert_equal "close", r.field("connection")
       assert_equal 0, server.core.balance_moved, "a connection closing anyway does not use the move"
       gate << true
       r = c.read_response
-      assert_equal [200, "close", "hello"], [r.status, r["connection"], r.body]
+      assert_equal [200, "close", "hello"], [r.status, r.field("connection"), r.body]
       assert_equal :eof, c.wait_close
       assert_equal 1, server.core.balance_moved
     end
@@ -112,7 +112,7 @@ class GVLBalanceTest < Minitest::Test
   def test_with_gvl_balance_off_connections_stay
     _server, pids = cluster_with_clients_on_worker_zero("gvl_balance false\n")
     seen = @clients.map do |client|
-      Thread.new { Array.new(100) { client.write(GET).read_response.then { |r| [r["connection"], r.body.to_i] } } }
+      Thread.new { Array.new(100) { client.write(GET).read_response.then { |r| [r.field("connection"), r.body.to_i] } } }
     end.flat_map(&:value)
     assert_equal [[nil, pids[0]]], seen.uniq
   end
@@ -126,7 +126,7 @@ class GVLBalanceTest < Minitest::Test
       return :stayed if yield
 
       r = client.write(GET).read_response
-      next unless r["connection"] == "close"
+      next unless r.field("connection") == "close"
 
       assert_equal "200 #{pid0}", "#{r.status} #{r.body}", "the moving response is complete"
       assert_equal :eof, client.wait_close

@@ -5,6 +5,7 @@ require "json"
 require "tmpdir"
 require "support/watched_io"
 require "support/subprocess_server"
+require "support/http_wire"
 require "serval/prometheus"
 
 # Load shedding (max_queue_time, docs/tuning.md "Load shedding"): a request
@@ -14,6 +15,7 @@ require "serval/prometheus"
 # arithmetic, fed simulated timings, is tested in test/c/test_shed.c.)
 class LoadSheddingTest < Minitest::Test
   include Serval::SubprocessHelpers
+  include Serval::HttpWire
 
   TOKEN = "shed-token"
 
@@ -32,25 +34,14 @@ class LoadSheddingTest < Minitest::Test
   end
 
   def send_get(port, path)
-    TCPSocket.new("127.0.0.1", port).tap { |s| s.write("GET #{path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n") }
+    connect(port).write("GET #{path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
   end
 
   # Everything the server sends until it closes (connection: close).
-  def read_all(sock, timeout: 10)
-    out = +""
-    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
-    loop do
-      left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      break if left <= 0 || !sock.wait_readable(left)
-
-      chunk = sock.read_nonblock(4096, exception: false)
-      break if chunk.nil?
-
-      out << chunk unless chunk == :wait_readable
-    end
-    out
+  def read_all(client, timeout: 10)
+    client.read_all(timeout: timeout)
   ensure
-    sock.close
+    client.close
   end
 
   # With the only thread held: sends GET / on new connections, each given
@@ -61,7 +52,7 @@ class LoadSheddingTest < Minitest::Test
     pending = []
     attempts.times do
       sock = send_get(port, "/")
-      return [read_all(sock), pending] if sock.wait_readable(wait)
+      return [read_all(sock), pending] unless sock.silent_for?(wait)
 
       pending << sock
     end
@@ -203,7 +194,7 @@ class LoadSheddingTest < Minitest::Test
           first = unix_send("#{dir}/#{sock}", path)
           launcher.entered.pop
           launcher.blocking = false
-          behind = Array.new(3) { unix_send("#{dir}/#{sock}", path).tap { |s| refute s.wait_readable(0.3), "#{sock}: answered while its thread was busy" } }
+          behind = Array.new(3) { unix_send("#{dir}/#{sock}", path).tap { |s| assert s.silent_for?(0.3), "#{sock}: answered while its thread was busy" } }
           launcher.gate << true
           [first, *behind].each { |s| assert_match(%r{\AHTTP/1\.1 200 }, read_all(s), sock) }
         end
@@ -277,7 +268,7 @@ class LoadSheddingTest < Minitest::Test
   private
 
   def unix_send(path, request_path)
-    UNIXSocket.new(path).tap { |s| s.write("GET #{request_path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n") }
+    connect(UNIXSocket.new(path)).write("GET #{request_path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
   end
 
   def unix_get(request_path, path)

@@ -1,9 +1,9 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "support/http_wire"
 require_relative "support/subprocess_server"
 require_relative "support/cpu_rivals"
-require "net/http"
 require "socket"
 require "tmpdir"
 
@@ -18,6 +18,7 @@ require "tmpdir"
 # at a time; requests that only sleep make no sends.
 class SendWaitTest < Minitest::Test
   include Serval::SubprocessHelpers
+  include Serval::HttpWire
   include Serval::CpuRivals
 
   APP = <<~RUBY
@@ -72,14 +73,14 @@ class SendWaitTest < Minitest::Test
   end
 
   def get(port, path)
-    Net::HTTP.start("127.0.0.1", port, open_timeout: 5, read_timeout: 20) { |h| h.get(path) }
+    http(port, good_request(path, host: "127.0.0.1"), timeout: 20)
   end
 
   # idle_wait's 6 figures and the sends counted [answered, in], over n
   # requests to path, four at a time
   def serve(port, path, n)
     before = figures(port)
-    Array.new(4) { Thread.new { (n / 4).times { assert_equal "200", get(port, path).code } } }.each { |t| t.join(60) }
+    Array.new(4) { Thread.new { (n / 4).times { assert_equal 200, get(port, path).status } } }.each { |t| t.join(60) }
     figures(port).zip(before).map { |a, b| a - b }
   end
 

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require_relative "support/http_wire"
 require_relative "support/tls_cert"
 require "openssl"
 require "net/http"
@@ -245,11 +246,10 @@ class TLSTest < Minitest::Test
 
   def test_silent_client_is_closed_after_first_data_timeout
     with_tls_server(first_data_timeout: 0.2) do |port|
-      socket = TCPSocket.new("127.0.0.1", port)
-      assert socket.wait_readable(5), "no close within 5 s"
-      assert_nil socket.read_nonblock(1, exception: false)
+      client = Serval::HttpWire::Client.new(port)
+      assert_equal :eof, client.wait_close(timeout: 5), "closed (no byte) within 5 s"
     ensure
-      socket&.close
+      client&.close
     end
   end
 
