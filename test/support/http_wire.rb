@@ -265,7 +265,7 @@ module Serval
     # Continuous HTTP load for the zero-drop tests and the restarts bench:
     # `threads` Clients, each sending GET requests on keep-alive connections
     # of 1..max_per_conn requests, then opening a new one. Counting rules
-    # (docs/benchmarks.md, "Zero dropped requests"):
+    # (bench/NOTES.md, "Zero dropped requests"):
     #   ok       a complete 200 response
     #   failed   anything else: an error status, a truncated response, a reset
     #            or EOF on a new connection after the request was written, a

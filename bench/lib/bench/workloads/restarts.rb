@@ -9,11 +9,7 @@ module Bench
     # requests, then a new connection), one event per scenario: USR2 (hot
     # restart), USR1 (phased restart), TTOU, TERM (graceful stop). At least
     # `requests` answered requests per scenario; counting rules are those of
-<<<<<<< HEAD
-    # test/support/load_client.rb (bench/NOTES.md "Zero dropped requests").
-=======
-    # test/support/http_wire.rb, HttpWire::LoadClient (docs/benchmarks.md).
->>>>>>> oneclient
+    # test/support/http_wire.rb, HttpWire::LoadClient (bench/NOTES.md "Zero dropped requests").
     class Restarts < Workload
       register "restarts"
 
