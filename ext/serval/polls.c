@@ -99,11 +99,8 @@ void sv_polls_start(sv_core *core)
 {
     core->polls_on = 0;
 #ifdef HAVE_RB_INTERNAL_THREAD_SPECIFIC_GET
-    if (!core->opt.thread_polls || core->opt.balance || core->opt.max_queue_time > 0)
+    if (!core->opt.thread_polls)
         return;
-    for (int i = 0; i < core->nlisteners; i++)
-        if (core->listeners[i].tls_ctx)
-            return;
     static int hooked;
     if (!hooked) {
         hooked = 1;
@@ -164,7 +161,9 @@ int sv_polls_poll(sv_core *core, int queue_empty, double *now)
         return 0; /* the loop thread has the epoll, or another thread polls */
     int ran = atomic_load(&core->duty);
     if (ran) {
+        core->gvl_round = 1; /* this thread is a taker; TLS handshakes go to the loop thread (loop.c) */
         sv_loop_poll(core, 0);
+        core->gvl_round = 0;
         *now = atomic_load(&core->last_poll); /* the round's start */
         atomic_fetch_add(&core->polled_rounds, 1);
     }
