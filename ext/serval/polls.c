@@ -30,10 +30,23 @@
  *     read while the remaining threads compute. A parked loop that sees no
  *     poll for SV_PARK_MS does the same and wakes threads for what waits.
  *
- * It needs the thread event hook (Ruby 3.3 here: the same test as gvl.c) and
- * is off for TLS listeners (a handshake's CPU would be spent holding the
- * GVL), load shedding (it counts sleeping threads as takers) and cluster
- * balancing (which counts free threads); there the loop dispatches as before.
+ * It needs the thread event hook (Ruby 3.3 here: the same test as gvl.c); on
+ * Ruby 3.1 and 3.2 the loop thread reads every request and wakes a thread for
+ * it. On 3.3 it is the one dispatch path of every mode:
+ *
+ *   - cluster balancing (loop.c): a thread running a round from Core#next
+ *     counts as a free thread (it takes a request right after); the
+ *     listeners follow the free threads and the hold after every round,
+ *     whoever ran it (balance_listeners), and an accept obeys a hold at once;
+ *   - load shedding (loop.c shed): the same takers, the waiting threads and
+ *     the one polling, decide whether a request waits behind others;
+ *   - TLS: a round run with the GVL leaves a connection still in its
+ *     handshake to the loop thread (loop.c leave_to_loop_thread: armed
+ *     again, and the duty ends), so that the handshake's CPU is spent
+ *     without the GVL; an open session's reads are a request thread's work;
+ *   - threads :auto and the I/O lane measure requests as before: a request's
+ *     queue time runs until a thread starts it, whether it waited for a
+ *     woken thread and the GVL or for the running thread.
  */
 #include <stdatomic.h>
 #include <ruby.h>
