@@ -117,7 +117,60 @@ class GVLBalanceTest < Minitest::Test
     assert_equal [[nil, pids[0]]], seen.uniq
   end
 
+  # Thread polls (ext/serval/polls.c) are in effect in a cluster worker with
+  # gvl_balance on (the default): each worker's check-in says so, and under
+  # keep-alive load from eight clients at a time, on new connections each
+  # round (accepted while the rounds may be the request threads'; a client
+  # told "connection: close" when no thread was free reconnects), request
+  # threads ran rounds of the loop while every request was answered.
+  def test_workers_poll_with_balancing_on
+    require "json"
+    hook = Serval::Native::GVL.respond_to?(:supported?) && Serval::Native::GVL.supported?
+    files = { "config.ru" => Serval::SubprocessServer::HELLO,
+              "c.rb" => "workers 2\nthreads 4, 4\nworker_check_interval 0.2\n" }
+    server = spawn_server(["-C", "c.rb", "-b", "tcp://127.0.0.1:0", "--control-url", "unix://ctl.sock",
+                           "--control-token", "t"], files: files).boot
+    2.times { |i| server.wait_for(/Worker #{i}\b.*booted/) }
+    answers = Queue.new
+    4.times do
+      Array.new(8) do
+        Thread.new do
+          client = Client.new(server.port)
+          50.times do
+            r = client.write(GET).read_response
+            answers << [r.status, r.body]
+            next unless r["connection"] == "close" # no thread free: the client may go to the sibling
+
+            client.close
+            client = Client.new(server.port)
+          end
+          client.close
+        end
+      end.each(&:join)
+    end
+    assert_equal [[200, "hello\n"]], Array.new(answers.size) { answers.pop }.uniq
+    # the workers check in every 0.2 s: read the master's view until it has every request
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
+    statuses = nil
+    loop do
+      statuses = control_stats(server)["worker_status"].map { |w| w["last_status"] }
+      break if statuses.sum { |st| st["requests_count"].to_i } >= 4 * 8 * 50 ||
+               Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+    end
+    assert_equal [hook, hook], statuses.map { |st| st["thread_polls"] }
+    skip "no thread event hook: the loop reads every request" unless hook
+    assert_operator statuses.sum { |st| st["polled_rounds"].to_i }, :>, 0
+  end
+
   private
+
+  def control_stats(server)
+    socket = UNIXSocket.new(File.join(server.dir, "ctl.sock"))
+    socket.write("GET /stats?token=t HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    JSON.parse(socket.read.split("\r\n\r\n", 2)[1])
+  ensure
+    socket&.close
+  end
 
   # Requests on one keep-alive client until a response ends it (then
   # reconnects: [the pid that answers]), or :stayed.

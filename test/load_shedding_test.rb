@@ -98,6 +98,48 @@ class LoadSheddingTest < Minitest::Test
     end
   end
 
+  # With thread polls in effect (Ruby 3.3: the request thread reads the
+  # requests between requests while the loop parks, ext/serval/polls.c):
+  # sixteen keep-alive clients keep a single thread busy with requests of a
+  # millisecond of CPU, so the queue's predicted wait passes a 2 ms budget.
+  # The decisions are taken in the thread's own rounds too; every request is
+  # answered, 200 or the core's 503, and the counts add up.
+  def test_sheds_while_request_threads_poll
+    hook = Serval::Native::GVL.respond_to?(:supported?) && Serval::Native::GVL.supported?
+    burn = lambda do |_env|
+      stop = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + 0.001
+      nil while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < stop
+      [200, { "content-type" => "text/plain" }, ["ok\n"]]
+    end
+    client_class = Serval::HttpWire::Client
+    with_server(burn, min_threads: 1, max_threads: 1, max_queue_time: 0.002) do |server, port|
+      answers = Queue.new
+      Array.new(16) do
+        Thread.new do
+          client = client_class.new(port)
+          40.times do
+            r = client.write("GET / HTTP/1.1\r\nhost: x\r\n\r\n").read_response
+            answers << [r.status, r.status == 503 ? r["retry-after"] : r.body]
+            next unless r["connection"] == "close"
+
+            client.close
+            client = client_class.new(port)
+          end
+          client.close
+        end
+      end.each(&:join)
+      seen = Array.new(answers.size) { answers.pop }
+      assert_equal 16 * 40, seen.size
+      assert_empty seen.uniq - [[200, "ok\n"], [503, "1"]]
+      stats = server.stats
+      assert_equal hook, stats[:thread_polls]
+      assert_equal seen.count { |st, _| st == 503 }, stats[:requests_shed]
+      assert_operator stats[:requests_shed], :>, 0, "sixteen requests of 1 ms queued for one thread: some wait past 2 ms"
+      assert_equal seen.count { |st, _| st == 200 }, stats[:requests_count]
+      assert_operator stats[:polled_rounds], :>, 0 if hook
+    end
+  end
+
   def test_off_by_default_requests_wait
     app, entered, release = holding_app
     assert_equal 0, Serval::Configuration::DEFAULTS[:max_queue_time]
