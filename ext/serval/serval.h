@@ -295,6 +295,8 @@ struct sv_core {
     sv_pool buf_pool;            /* SV_POOL_BLOCK-byte buffer blocks */
     sv_pool req_pool;            /* sv_request blocks */
     int pools_ready;             /* the two pools are initialised (sv_core_init) */
+    _Atomic long refs;           /* the Core object + one per live Request (sv_core_unref frees it) */
+    pid_t pid;                   /* the process that made it (core.c core_free) */
 };
 
 /* buffer.c */
@@ -328,6 +330,8 @@ void sv_waiter_remove(sv_core *core, sv_waiter *w);
 void sv_wake_all(sv_core *core);
 /* A request joined the queue: wake the most recent sleeping thread not woken yet. */
 void sv_wake_dispatched(sv_core *core);
+/* Without core->mu too: the loop thread's epoll wait returns. */
+void sv_core_wake(sv_core *core);
 
 /* polls.c: request threads poll while the loop parks */
 void sv_polls_start(sv_core *core);          /* Core#start: decides core->thread_polls, installs the hook */
@@ -353,23 +357,28 @@ double sv_now(void);
 /* loop.c */
 int sv_core_init(sv_core *core);
 int sv_core_start(sv_core *core);
-void sv_core_wake(sv_core *core);
 void sv_core_stop_and_join(sv_core *core, double grace);
 void sv_core_destroy(sv_core *core);
+void sv_core_ref(sv_core *core);
+void sv_core_unref(sv_core *core);           /* the last reference destroys and frees the core */
 /* A request thread holding poll_mu while the loop is parked: one round of
  * the events ready now, or within timeout_ms (without the GVL only).
  * Returns how many. */
 int sv_loop_poll(sv_core *core, int timeout_ms);
 /* Loop thread only: parse what is buffered and dispatch. */
 void sv_loop_process_input(sv_conn *c);
+
+/* conn.c: used by both sides */
+/* An edge-triggered connection (plain TCP) is registered for both directions,
+ * once. EPOLLRDHUP: the peer's FIN can come in the same edge as its last
+ * bytes, and a short read of those leaves the EOF with no edge of its own. */
+#define SV_ET_EVENTS (EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET)
+sv_conn *sv_conn_new(sv_core *core, int fd, sv_listener *l);
 /* The owner (either side): wait on the loop's epoll for `events` (as the
  * connection's transport translates them), once (EPOLLONESHOT); for an
  * edge-triggered connection nothing, unless input may be waiting unannounced
  * (c->rd_more): then the registration is renewed, which reports it again. */
-void sv_loop_arm(sv_conn *c, uint32_t events);
-
-/* conn.c: used by both sides */
-sv_conn *sv_conn_new(sv_core *core, int fd, sv_listener *l);
+void sv_conn_arm(sv_conn *c, uint32_t events);
 void sv_conn_free(sv_conn *c);
 /* Write what the socket takes now, through the transport; closes the
  * response's file once it is sent. 1 = all written, 0 = would block, -1 = error. */
@@ -392,8 +401,5 @@ int sv_tmpfile(sv_core *core);
  * within max_spill. Returns the bytes taken, fewer than n (then
  * c->spill_failed is set) when max_spill is reached or the disk refuses. */
 size_t sv_conn_spill(sv_conn *c, const char *p, size_t n);
-/* balance.c: whether the response being started ends its keep-alive connection
- * to move the client to a sibling worker (takes one granted move) */
-int sv_balance_take_move(sv_core *core);
 
 #endif

@@ -16,14 +16,10 @@
 #endif
 #include "serval.h"
 
-extern VALUE sv_cCore, sv_cRequest, sv_eConnectionError, sv_eWriteTimeout, sv_eBadResponse;
-
 sv_core *sv_core_get(VALUE core_obj);
-void sv_core_ref(sv_core *core);
-void sv_core_unref(sv_core *core);
 VALUE sv_request_new(VALUE core_obj, sv_core *core, sv_conn *conn);
-void sv_init_core(VALUE mNative);
-void sv_init_balance(void);
+VALUE sv_init_core(VALUE mNative);           /* returns Native::Core */
+void sv_init_balance(VALUE cCore);
 void sv_init_request(VALUE mNative);
 void sv_init_env(void);
 void sv_define_env_fill(VALUE mNative);
@@ -62,8 +58,12 @@ void sv_gvl_idle_wait(uint64_t out[SV_IDLE_WAIT_FIGURES]);
 #define SV_SEND_BINS 40
 #define SV_SEND_FIGURES 3 /* answer out, answer in, times */
 void sv_gvl_sends(uint64_t out[SV_SEND_FIGURES][SV_SEND_BINS]);
-void sv_steadiness_start(void);
-void sv_init_steadiness(VALUE mGVL);
+/* A function to call when Native::GVL.enable adds the hook in this process
+ * (steadiness.c's sampler); Ruby 3.2+. */
+void sv_gvl_on_enable(void (*fn)(void));
+void sv_init_gvl(VALUE mNative);
+void sv_init_fairness(VALUE mNative);
+void sv_init_steadiness(VALUE mNative);      /* after sv_init_gvl */
 /* The rolling window (ext/serval/window.c): figures in this order. */
 enum { SV_WIN_QUEUE = 0, SV_WIN_RUN, SV_WIN_IDLE, SV_WIN_STALL, SV_WIN_POOL, SV_WIN_WALL, SV_WIN_CPU, SV_WIN_FIG };
 void *sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods);
@@ -77,5 +77,7 @@ double sv_upstream_epoch(const char *p, long n);
 #define SV_HEAD_NO_HIJACK 2  /* a rack.hijack header: return -1, nothing written */
 int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int flags);
 void sv_head_rollback(sv_conn *c); /* takes a head that raised midway back out of c->out */
+extern VALUE sv_eBadResponse;    /* Serval::BadResponse: an application's response the head refuses */
+void sv_init_head(void);
 
 #endif
