@@ -11,9 +11,10 @@
 # The extension must have no cycle: each module can then be read knowing only
 # the modules below it.
 #
-#   ruby tasks/c_deps.rb [OBJDIR]     # OBJDIR: default, this Ruby's build under tmp/
+#   ruby tasks/c_deps.rb [-v] [OBJDIR]   # OBJDIR: this Ruby's build under tmp/ by default
 #
-# prints the graph and exits 1 naming every cycle (rake c_deps runs it).
+# prints the graph (-v: with the symbols and includes behind each edge) and
+# exits 1 naming every cycle and its edges (rake c_deps, after compile).
 module CDeps
   ROOT = File.expand_path("..", __dir__)
   SRC = File.join(ROOT, "ext/serval")
@@ -23,14 +24,14 @@ module CDeps
     def why
       parts = []
       parts << "uses #{symbols.sort.first(4).join(', ')}#{symbols.size > 4 ? ", +#{symbols.size - 4}" : ''}" unless symbols.empty?
-      parts << "includes #{includes.sort.join(', ')}" unless includes.empty?
+      parts << "#include in #{includes.sort.join(', ')}" unless includes.empty?
       parts.join("; ")
     end
   end
 
   module_function
 
-  # This Ruby's objects, where rake-compiler builds them.
+  # This Ruby's objects, where rake-compiler builds them (tmp/PLATFORM/serval_ext/VERSION).
   def default_objdir
     File.join(ROOT, "tmp", RUBY_PLATFORM, "serval_ext", RUBY_VERSION)
   end
@@ -48,11 +49,11 @@ module CDeps
     raise ArgumentError, "not compiled in #{objdir}: #{missing.join(', ')} (run rake compile)" unless missing.empty?
 
     defs = {}
-    undefs = {}
-    objects.each do |m, o|
-      defined, used = nm(o)
-      defined.each { |s| defs[s] = m }
-      undefs[m] = used
+    undefs = Hash.new { |h, k| h[k] = [] }
+    by_path = objects.to_h { |m, o| [o, m] }
+    nm(objects.values).each do |path, symbol, defined|
+      m = by_path.fetch(path)
+      defined ? defs[symbol] = m : undefs[m] << symbol
     end
     undefs.each do |m, used|
       used.each do |s|
@@ -72,16 +73,17 @@ module CDeps
     g
   end
 
-  # [defined, undefined] global symbols of an object.
-  def nm(object)
-    out = IO.popen(["nm", "--defined-only", "-g", object], &:read)
-    raise "nm #{object} failed" unless $?.success?
+  # The global symbols of the objects, in one run of nm: [object, symbol,
+  # defined?] (U, and w/v, weak ones not defined here, are undefined).
+  def nm(objects)
+    out = IO.popen(["nm", "-A", "-g", "-P", *objects], &:read)
+    raise "nm failed on #{objects.join(' ')}" unless $?.success?
 
-    defined = out.lines.filter_map { |l| l.split[2] }
-    out = IO.popen(["nm", "--undefined-only", "-g", object], &:read)
-    raise "nm #{object} failed" unless $?.success?
-
-    [defined, out.lines.filter_map { |l| l.split.last }]
+    out.lines.map do |line|
+      path, rest = line.split(": ", 2)
+      symbol, type = rest.split
+      [path, symbol, !%w[U w v].include?(type)]
+    end
   end
 
   # The strongly connected components with more than one module (Tarjan),
@@ -121,12 +123,14 @@ module CDeps
     out.sort
   end
 
-  # The graph as text: a line per module with what it depends on and why.
-  def render(g)
+  # The graph as text: a line per module with what it depends on (and, when
+  # verbose, a line per dependency saying why).
+  def render(g, verbose: false)
     g.keys.sort.map do |m|
-      deps = g[m]
-      head = deps.empty? ? "#{m}: -" : "#{m}: #{deps.keys.sort.join(' ')}"
-      [head, *deps.keys.sort.map { |d| "    -> #{d}: #{deps[d].why}" }].join("\n")
+      deps = g[m].keys.sort
+      lines = ["#{m} -> #{deps.empty? ? '-' : deps.join(' ')}"]
+      lines.concat(deps.map { |d| "    #{d}: #{g[m][d].why}" }) if verbose
+      lines.join("\n")
     end.join("\n")
   end
 
@@ -139,9 +143,9 @@ module CDeps
   end
 
   # Prints the graph, then every cycle; true when there is none.
-  def check(objdir = default_objdir, io = $stdout)
-    g = graph(objdir)
-    io.puts render(g)
+  def check(objdir = default_objdir, io = $stdout, verbose: false, src: SRC)
+    g = graph(objdir, src)
+    io.puts render(g, verbose: verbose)
     found = report(g)
     if found.empty?
       io.puts "ext/serval: no dependency cycle among #{g.size} modules"
@@ -153,4 +157,7 @@ module CDeps
   end
 end
 
-exit(CDeps.check(*ARGV) ? 0 : 1) if $PROGRAM_NAME == __FILE__
+if $PROGRAM_NAME == __FILE__
+  verbose = !ARGV.delete("-v").nil?
+  exit(CDeps.check(*ARGV, verbose: verbose) ? 0 : 1)
+end
