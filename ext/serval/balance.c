@@ -15,6 +15,9 @@
  */
 #include "serval.h"
 #include "serval_ruby.h"
+#include "balance.h"
+#include "core.h"
+#include "wake.h"
 
 /* Core#balance_hold = true/false; the loop re-reads it at once. */
 static VALUE core_balance_hold_set(VALUE self, VALUE on)

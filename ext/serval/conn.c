@@ -13,6 +13,9 @@
 #include <sys/epoll.h>
 #include "serval.h"
 #include "transport.h"
+#include "conn.h"
+#include "buffer.h"
+#include "wake.h"
 
 sv_conn *sv_conn_new(sv_core *core, int fd, sv_listener *l)
 {

@@ -8,7 +8,16 @@
 #include <ruby/thread.h>
 #include "serval.h"
 #include "serval_ruby.h"
+#include "core.h"
+#include "buffer.h"
+#include "conn.h"
+#include "errlog.h"
+#include "loop.h"
+#include "polls.h"
+#include "request.h"
+#include "shed.h"
 #include "tls.h"
+#include "wake.h"
 
 static VALUE sv_cCore;
 

@@ -64,8 +64,9 @@
 #include <pthread.h>
 #include <ruby.h>
 #include "serval_ruby.h"
+#include "gvl.h"
 
-__thread int sv_gvl_yielding; /* fairness.c's preemption in progress (serval_ruby.h) */
+__thread int sv_gvl_yielding; /* fairness.c's preemption in progress (gvl.h) */
 
 #ifdef HAVE_RUBY_THREAD_H
 #include <ruby/thread.h>

@@ -5,6 +5,8 @@
 #include <time.h>
 #include <ruby.h>
 #include "serval_ruby.h"
+#include "head.h"
+#include "buffer.h"
 
 #define SV_HEAD_LIMIT ((size_t)1 << 30)
 

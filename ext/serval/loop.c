@@ -20,6 +20,12 @@
 #include "serval.h"
 #include "tls.h"
 #include "transport.h"
+#include "loop.h"
+#include "buffer.h"
+#include "conn.h"
+#include "errlog.h"
+#include "shed.h"
+#include "wake.h"
 
 #define SV_EV_END (EPOLLRDHUP | EPOLLHUP | EPOLLERR)
 

@@ -40,6 +40,11 @@
 #include <ruby/thread.h>
 #include "serval.h"
 #include "serval_ruby.h"
+#include "polls.h"
+#include "buffer.h"
+#include "gvl.h"
+#include "loop.h"
+#include "wake.h"
 
 /* The core whose request this thread holds (for the hook), when it took
  * it, and whether a fairness switch took the GVL from it mid-request. */

@@ -10,6 +10,14 @@
 #include <ruby/thread.h>
 #include "serval_ruby.h"
 #include "transport.h"
+#include "request.h"
+#include "buffer.h"
+#include "conn.h"
+#include "env.h"
+#include "head.h"
+#include "loop.h"
+#include "polls.h"
+#include "timing.h"
 
 static VALUE sv_cRequest, sv_eConnectionError, sv_eWriteTimeout;
 

@@ -1,6 +1,17 @@
 /* Entry point of the extension: Serval::Native. Each module's init defines
  * its own classes and methods and looks up the Ruby classes it uses. */
 #include "serval_ruby.h"
+#include "balance.h"
+#include "core.h"
+#include "env.h"
+#include "fairness.h"
+#include "gvl.h"
+#include "head.h"
+#include "request.h"
+#include "steadiness.h"
+#include "strcache.h"
+#include "timing.h"
+#include "tls.h"
 
 void Init_serval_ext(void)
 {

@@ -38,6 +38,8 @@
 #include <unistd.h>
 #include <ruby.h>
 #include "serval_ruby.h"
+#include "steadiness.h"
+#include "gvl.h"
 
 #ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK /* the GVL hook (gvl.c): Ruby 3.2+ */
 

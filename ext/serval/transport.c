@@ -9,6 +9,7 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include "transport.h"
+#include "buffer.h"
 
 #define SV_SENDFILE_MAX ((size_t)1 << 30)   /* bytes per sendfile call */
 

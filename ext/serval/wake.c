@@ -19,6 +19,7 @@
  */
 #include <unistd.h>
 #include "serval.h"
+#include "wake.h"
 
 void sv_waiter_push(sv_core *core, sv_waiter *w)
 {
