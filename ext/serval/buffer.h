@@ -19,7 +19,6 @@ void sv_buf_shrink(sv_buf *b, size_t keep);
 /* Loop only: give freed output memory back to the system (malloc_trim), rate-limited. */
 void sv_out_trim(sv_core *core, double now);
 
-
 /* The monotonic clock in seconds */
 double sv_now(void);
 
