@@ -7,25 +7,17 @@
  *           the kernel hands new connections to a sibling worker;
  *   moves - a count of keep-alive connections to end: the next response whose
  *           head is written while one is granted says "connection: close"
- *           (head.c), and the connection closes once that response is
- *           complete, never in the middle of a request.
+ *           (head.c take_move), and the connection closes once that response
+ *           is complete, never in the middle of a request.
  *
- * Only a core in balance mode (cluster worker) reads them.
+ * Only a core in balance mode (cluster worker) reads them. This file is the
+ * Ruby methods (on Core) that set them: the core never calls in here.
  */
 #include "serval.h"
 #include "serval_ruby.h"
-
-int sv_balance_take_move(sv_core *core)
-{
-    int n = atomic_load(&core->balance_moves);
-    while (n > 0) {
-        if (atomic_compare_exchange_weak(&core->balance_moves, &n, n - 1)) {
-            atomic_fetch_add(&core->moved, 1);
-            return 1;
-        }
-    }
-    return 0;
-}
+#include "balance.h"
+#include "core.h"
+#include "wake.h"
 
 /* Core#balance_hold = true/false; the loop re-reads it at once. */
 static VALUE core_balance_hold_set(VALUE self, VALUE on)
@@ -57,10 +49,10 @@ static VALUE core_balance_moved(VALUE self)
     return ULONG2NUM(atomic_load(&sv_core_get(self)->moved));
 }
 
-void sv_init_balance(void)
+void sv_init_balance(VALUE cCore)
 {
-    rb_define_method(sv_cCore, "balance_hold=", core_balance_hold_set, 1);
-    rb_define_method(sv_cCore, "balance_hold?", core_balance_hold_p, 0);
-    rb_define_method(sv_cCore, "balance_move", core_balance_move, 0);
-    rb_define_method(sv_cCore, "balance_moved", core_balance_moved, 0);
+    rb_define_method(cCore, "balance_hold=", core_balance_hold_set, 1);
+    rb_define_method(cCore, "balance_hold?", core_balance_hold_p, 0);
+    rb_define_method(cCore, "balance_move", core_balance_move, 0);
+    rb_define_method(cCore, "balance_moved", core_balance_moved, 0);
 }

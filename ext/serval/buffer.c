@@ -8,6 +8,7 @@
 #include <malloc.h>
 #endif
 #include "serval.h"
+#include "buffer.h"
 
 #define SV_TRIM_MIN ((size_t)16 << 20)  /* output memory freed before malloc_trim is worth it */
 #define SV_TRIM_INTERVAL 1.0             /* seconds between two malloc_trim calls at most */

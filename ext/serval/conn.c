@@ -13,6 +13,9 @@
 #include <sys/epoll.h>
 #include "serval.h"
 #include "transport.h"
+#include "conn.h"
+#include "buffer.h"
+#include "wake.h"
 
 sv_conn *sv_conn_new(sv_core *core, int fd, sv_listener *l)
 {
@@ -27,7 +30,7 @@ sv_conn *sv_conn_new(sv_core *core, int fd, sv_listener *l)
     c->file_fd = -1;
     c->out.acct = &core->out_bytes;
     c->in.pool = c->out.pool = &core->buf_pool;
-    c->io = &sv_plain_transport; /* sv_transport_open picks the listener's */
+    c->io = &sv_plain_transport; /* TLS's instead on an ssl:// listener (loop.c do_accept) */
     atomic_store(&c->owner, SV_OWN_LOOP);
     c->state = SV_ST_HEAD;
     return c;
@@ -239,6 +242,31 @@ sv_next sv_conn_after_flush(sv_conn *c, int r, uint32_t *events, double now)
     return wait_for(c, SV_ST_HEAD, c->since + o->persistent_timeout, EPOLLIN, events);
 }
 
+/* The owner waits for `events`, through the connection's transport. Called
+ * by the loop and by Ruby threads (hand_to_loop): epoll_ctl is thread-safe. */
+void sv_conn_arm(sv_conn *c, uint32_t events)
+{
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof(ev));
+    if (c->et) {
+        /* Registered for both directions: the next edge comes by itself
+         * (EPOLLOUT after a write that would block, EPOLLIN with new input).
+         * Input already waiting has no edge left: renewing the registration
+         * reports it once more; so does an end of input already seen
+         * (c->rdhup), whose EOF is still to read. */
+        if (!((events & EPOLLIN) && (c->rd_more || c->rdhup)))
+            return;
+        c->rd_more = 0;
+        ev.events = SV_ET_EVENTS;
+        ev.data.ptr = c;
+        epoll_ctl(c->core->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+        return;
+    }
+    ev.events = c->io->events(c, events) | EPOLLONESHOT;
+    ev.data.ptr = c;
+    epoll_ctl(c->core->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+}
+
 /* Ruby side: the connection is closed and goes to the loop to be freed. */
 void sv_conn_give_to_loop_dead(sv_conn *c)
 {
@@ -261,7 +289,7 @@ void sv_conn_give_to_loop_dead(sv_conn *c)
  * mutex): an event in between finds the connection Ruby's and is noted in
  * c->missed (loop.c conn_event), and the connection then goes to the return
  * list for the loop to handle that event. An edge-triggered connection is
- * not re-armed (sv_loop_arm renews it only for input no edge will announce);
+ * not re-armed (sv_conn_arm renews it only for input no edge will announce);
  * its events while Ruby owns it are noted the same way. The owner store
  * happens under the mutex, so the loop's timeout scan never sees a
  * loop-owned connection that is not armed yet, and the connection is not
@@ -271,7 +299,7 @@ static void hand_to_loop(sv_conn *c, uint32_t events)
 {
     sv_core *core = c->core;
     if (events && !atomic_load(&core->stopping))
-        sv_loop_arm(c, events);
+        sv_conn_arm(c, events);
     pthread_mutex_lock(&core->mu);
     if (core->stopping) {
         pthread_mutex_unlock(&core->mu);

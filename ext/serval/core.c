@@ -8,39 +8,24 @@
 #include <ruby/thread.h>
 #include "serval.h"
 #include "serval_ruby.h"
+#include "core.h"
+#include "buffer.h"
+#include "conn.h"
+#include "errlog.h"
+#include "loop.h"
+#include "polls.h"
+#include "request.h"
+#include "shed.h"
 #include "tls.h"
+#include "wake.h"
 
-VALUE sv_cCore;
+static VALUE sv_cCore;
 
-typedef struct {
-    sv_core core;
-    _Atomic long refs;   /* the Core object + one per live Request */
-    VALUE listeners;     /* keeps nothing alive; Ruby owns the IOs */
-    pid_t pid;           /* the process that made it (see core_free) */
-} sv_core_box;
-
-void sv_core_ref(sv_core *core)
-{
-    atomic_fetch_add(&((sv_core_box *)core)->refs, 1);
-}
-
-void sv_core_unref(sv_core *core)
-{
-    sv_core_box *box = (sv_core_box *)core;
-    if (atomic_fetch_sub(&box->refs, 1) == 1) {
-        for (int i = 0; i < box->core.nlisteners; i++)
-            if (box->core.listeners[i].tls_ctx)
-                sv_tls_ctx_free(box->core.listeners[i].tls_ctx);
-        sv_core_destroy(&box->core);
-        pthread_mutex_destroy(&box->core.mu);
-        pthread_cond_destroy(&box->core.cv);
-        free(box);
-    }
-}
-
+/* The Core object holds one reference to its sv_core, every live Request
+ * another (sv_core_ref, loop.c): the last one frees it. */
 static void core_free(void *p)
 {
-    sv_core_box **slot = p;
+    sv_core **slot = p;
     if (*slot && (*slot)->pid != getpid()) {
         /* inherited through fork: the loop thread and its locks belong to
            the parent, so joining would hang; leave the memory alone */
@@ -48,15 +33,15 @@ static void core_free(void *p)
         return;
     }
     if (*slot) {
-        sv_core_stop_and_join(&(*slot)->core, 0);
-        sv_core_unref(&(*slot)->core);
+        sv_core_stop_and_join(*slot, 0);
+        sv_core_unref(*slot);
     }
     xfree(slot);
 }
 
 static size_t core_memsize(const void *p)
 {
-    return sizeof(sv_core_box);
+    return sizeof(sv_core);
 }
 
 static const rb_data_type_t core_type = {
@@ -67,17 +52,17 @@ static const rb_data_type_t core_type = {
 
 sv_core *sv_core_get(VALUE self)
 {
-    sv_core_box **slot;
-    TypedData_Get_Struct(self, sv_core_box *, &core_type, slot);
+    sv_core **slot;
+    TypedData_Get_Struct(self, sv_core *, &core_type, slot);
     if (!*slot)
         rb_raise(rb_eRuntimeError, "core is not initialized");
-    return &(*slot)->core;
+    return *slot;
 }
 
 static VALUE core_alloc(VALUE klass)
 {
-    sv_core_box **slot;
-    VALUE obj = TypedData_Make_Struct(klass, sv_core_box *, &core_type, slot);
+    sv_core **slot;
+    VALUE obj = TypedData_Make_Struct(klass, sv_core *, &core_type, slot);
     *slot = NULL;
     return obj;
 }
@@ -249,25 +234,25 @@ static VALUE core_initialize(int argc, VALUE *argv, VALUE self)
     if (NIL_P(opts))
         opts = rb_hash_new();
     Check_Type(opts, T_HASH);
-    sv_core_box **slot;
-    TypedData_Get_Struct(self, sv_core_box *, &core_type, slot);
+    sv_core **slot;
+    TypedData_Get_Struct(self, sv_core *, &core_type, slot);
     if (*slot)
         rb_raise(rb_eRuntimeError, "already initialized");
-    sv_core_box *box = calloc(1, sizeof(*box));
-    if (!box)
+    sv_core *core = calloc(1, sizeof(*core));
+    if (!core)
         rb_raise(rb_eNoMemError, "cannot allocate core");
-    box->core.epfd = box->core.wakefd = -1;
-    atomic_store(&box->refs, 1);
-    box->pid = getpid();
-    read_options(&box->core.opt, opts);
-    sv_shed_init(&box->core.shed, box->core.opt.max_queue_time, sv_now());
-    if (sv_core_init(&box->core) != 0) {
+    core->epfd = core->wakefd = -1;
+    atomic_store(&core->refs, 1);
+    core->pid = getpid();
+    read_options(&core->opt, opts);
+    sv_shed_init(&core->shed, core->opt.max_queue_time, sv_now());
+    if (sv_core_init(core) != 0) {
         int e = errno;
-        sv_core_destroy(&box->core);
-        free(box);
+        sv_core_destroy(core);
+        free(core);
         rb_syserr_fail(e, "serval core init");
     }
-    *slot = box;
+    *slot = core;
     return self;
 }
 
@@ -381,7 +366,7 @@ static void *wait_nogvl(void *p)
         a->polling = 0;
     }
     if (!core->q_head && !a->yielding)
-        sv_polls_hand_back_locked(core); /* thread polls: nothing to do, the loop reads again */
+        sv_loop_unpark_locked(core); /* thread polls: nothing to do, the loop reads again */
     while ((!core->q_head || (a->yielding && !w.woken)) && !a->interrupted && !nothing_more(core)) {
         if (w.woken) { /* woken, but a thread in the fast path took the request */
             w.woken = 0;
@@ -629,7 +614,7 @@ static VALUE core_error_events_stats(VALUE self)
     return h;
 }
 
-void sv_init_core(VALUE mNative)
+VALUE sv_init_core(VALUE mNative)
 {
     sv_cCore = rb_define_class_under(mNative, "Core", rb_cObject);
     rb_define_const(sv_cCore, "OPTIONS", option_table());
@@ -646,4 +631,5 @@ void sv_init_core(VALUE mNative)
     rb_define_method(sv_cCore, "error_events", core_error_events, 1);
     rb_define_method(sv_cCore, "wake_error_events", core_wake_error_events, 0);
     rb_define_method(sv_cCore, "error_events_stats", core_error_events_stats, 0);
+    return sv_cCore;
 }

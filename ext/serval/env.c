@@ -7,6 +7,7 @@
 #include <ruby/re.h>
 #include <ruby/st.h>
 #include "serval_ruby.h"
+#include "strcache.h"
 
 #define SV_KEY_STACK 256
 

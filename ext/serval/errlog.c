@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 #include "serval.h"
+#include "errlog.h"
 
 void sv_errlog_init(sv_errlog *l)
 {

@@ -39,6 +39,8 @@
 #include <unistd.h>
 #include <ruby.h>
 #include "serval_ruby.h"
+#include "fairness.h"
+#include "gvl.h"
 
 #ifdef HAVE_RUBY_THREAD_H
 #include <ruby/thread.h>

@@ -64,8 +64,9 @@
 #include <pthread.h>
 #include <ruby.h>
 #include "serval_ruby.h"
+#include "gvl.h"
 
-__thread int sv_gvl_yielding; /* fairness.c's preemption in progress (serval_ruby.h) */
+__thread int sv_gvl_yielding; /* fairness.c's preemption in progress (gvl.h) */
 
 #ifdef HAVE_RUBY_THREAD_H
 #include <ruby/thread.h>
@@ -531,6 +532,14 @@ void sv_gvl_sends(uint64_t out[SV_SEND_FIGURES][SV_SEND_BINS])
     }
 }
 
+/* Called after the hook is registered, once per process (sv_gvl_on_enable). */
+static void (*on_enable)(void);
+
+void sv_gvl_on_enable(void (*fn)(void))
+{
+    on_enable = fn;
+}
+
 /* Registers the hook once per process; in a forked child the inherited
  * registration is replaced and every slot (the parent's threads) dropped. */
 static VALUE gvl_enable(VALUE mod)
@@ -555,7 +564,8 @@ static VALUE gvl_enable(VALUE mod)
         RUBY_INTERNAL_THREAD_EVENT_READY | RUBY_INTERNAL_THREAD_EVENT_RESUMED |
         RUBY_INTERNAL_THREAD_EVENT_SUSPENDED | RUBY_INTERNAL_THREAD_EVENT_EXITED, NULL);
     hook_pid = pid;
-    sv_steadiness_start();
+    if (on_enable)
+        on_enable();
     return Qtrue;
 }
 
@@ -683,27 +693,6 @@ static VALUE gvl_trace_stop(VALUE mod)
     return rb_ary_new_from_args(3, ULL2NUM(end), SIZET2NUM(n - keep), flat);
 }
 
-#else
-int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu)
-{
-    (void)i, (void)claim, (void)held, (void)cpu;
-    return 0; /* no hook, no slots (Ruby 3.1): the sampler never starts */
-}
-
-uint64_t sv_gvl_outside_ns(void)
-{
-    return 0;
-}
-
-void sv_gvl_idle_wait(uint64_t out[SV_IDLE_WAIT_FIGURES])
-{
-    memset(out, 0, sizeof(uint64_t) * SV_IDLE_WAIT_FIGURES);
-}
-
-void sv_gvl_sends(uint64_t out[SV_SEND_FIGURES][SV_SEND_BINS])
-{
-    memset(out, 0, sizeof(uint64_t) * SV_SEND_FIGURES * SV_SEND_BINS);
-}
 #endif /* SV_GVL_HOOK */
 
 /*
@@ -977,7 +966,6 @@ void sv_init_gvl(VALUE mNative)
     rb_define_singleton_method(m, "trace_stop", gvl_trace_stop, 0);
     rb_define_singleton_method(m, "idle_in_request", gvl_idle_in_request, 1);
     rb_define_singleton_method(m, "idle_wait", gvl_idle_wait, 0);
-    sv_init_steadiness(m);
 #else
     rb_define_singleton_method(m, "enable", gvl_false, 0);
     rb_define_singleton_method(m, "enabled?", gvl_false, 0);

@@ -5,6 +5,8 @@
 #include <time.h>
 #include <ruby.h>
 #include "serval_ruby.h"
+#include "head.h"
+#include "buffer.h"
 
 #define SV_HEAD_LIMIT ((size_t)1 << 30)
 
@@ -303,6 +305,29 @@ static const char *date_line(size_t *len)
     return buf;
 }
 
+VALUE sv_eBadResponse;
+
+void sv_init_head(void)
+{
+    sv_eBadResponse = rb_path2class("Serval::BadResponse");
+    rb_gc_register_mark_object(sv_eBadResponse);
+}
+
+/* Balance mode: a keep-alive connection to end, to move its client to a
+ * sibling worker, if Core#balance_move granted one (balance.c sets the
+ * switch, the head obeys it); takes it. */
+static int take_move(sv_core *core)
+{
+    int n = atomic_load(&core->balance_moves);
+    while (n > 0) {
+        if (atomic_compare_exchange_weak(&core->balance_moves, &n, n - 1)) {
+            atomic_fetch_add(&core->moved, 1);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Returns 1 when a body follows, 0 when none does. `length` is the body
  * size when the server knows it (an Array body, a file), else nil. Flags:
  * SV_HEAD_RAW for partial hijack (no framing headers, the application
@@ -375,7 +400,7 @@ int sv_write_head(sv_conn *c, VALUE status, VALUE headers, VALUE length, int fla
         c->mode = SV_MODE_RAW;
         keep = 0;
     }
-    if (keep && core->opt.balance && sv_balance_take_move(core))
+    if (keep && core->opt.balance && take_move(core))
         keep = 0; /* a sibling worker has GVL headroom: this client reconnects there */
     if (r->minor_version >= 1 && !keep)
         out(c, "connection: close\r\n", 19);

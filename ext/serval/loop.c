@@ -18,13 +18,15 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include "serval.h"
-#include "transport.h"
 #include "tls.h"
+#include "transport.h"
+#include "loop.h"
+#include "buffer.h"
+#include "conn.h"
+#include "errlog.h"
+#include "shed.h"
+#include "wake.h"
 
-/* An edge-triggered connection (plain TCP) is registered for both directions,
- * once. EPOLLRDHUP: the peer's FIN can come in the same edge as its last
- * bytes, and a short read of those leaves the EOF with no edge of its own. */
-#define SV_ET_EVENTS (EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET)
 #define SV_EV_END (EPOLLRDHUP | EPOLLHUP | EPOLLERR)
 
 /* The loop's own answers always carry a phrase. */
@@ -237,7 +239,7 @@ static void do_accept(sv_core *core, sv_listener *l)
         if (core->opt.remote_value[0]) /* set_remote_address "ADDR" */
             memcpy(c->remote, core->opt.remote_value, sizeof(c->remote));
         c->proxy = core->opt.proxy_versions != 0;
-        if (sv_transport_open(c) != 0) {
+        if (l->tls_ctx && sv_tls_conn_init(c, l->tls_ctx) != 0) { /* plain until then (sv_conn_new) */
             conn_destroy(c);
             continue;
         }
@@ -247,7 +249,7 @@ static void do_accept(sv_core *core, sv_listener *l)
         if (core->opt.balance)
             set_partial(c, 1); /* a drain waits for its first request (conn_expired) */
         /* Plain TCP is registered once, edge-triggered: no epoll_ctl per
-         * request (sv_loop_arm). TLS keeps EPOLLONESHOT: OpenSSL may hold
+         * request (sv_conn_arm). TLS keeps EPOLLONESHOT: OpenSSL may hold
          * decrypted input no socket event announces (tls.c tls_events). */
         c->et = c->io == &sv_plain_transport;
         struct epoll_event ev;
@@ -322,7 +324,7 @@ static void wrote(sv_conn *c, int r)
     switch (sv_conn_after_flush(c, r, &events, 0)) {
     case SV_NEXT_CLOSE: conn_destroy(c); break;
     case SV_NEXT_PARSE: sv_loop_process_input(c); break;
-    case SV_NEXT_WAIT: sv_loop_arm(c, events); break;
+    case SV_NEXT_WAIT: sv_conn_arm(c, events); break;
     }
 }
 
@@ -367,31 +369,6 @@ static void error_response(sv_conn *c, int status, const char *msg)
     if (r >= 0) /* an answer that reached the socket (or is on its way): log it */
         sv_errlog_push(&core->errlog, status, status_reason(status), msg, c->remote);
     wrote(c, r);
-}
-
-/* The owner waits for `events`, through the connection's transport. Called
- * by Ruby threads too (conn.c hand_to_loop): epoll_ctl is thread-safe. */
-void sv_loop_arm(sv_conn *c, uint32_t events)
-{
-    struct epoll_event ev;
-    memset(&ev, 0, sizeof(ev));
-    if (c->et) {
-        /* Registered for both directions: the next edge comes by itself
-         * (EPOLLOUT after a write that would block, EPOLLIN with new input).
-         * Input already waiting has no edge left: renewing the registration
-         * reports it once more; so does an end of input already seen
-         * (c->rdhup), whose EOF is still to read. */
-        if (!((events & EPOLLIN) && (c->rd_more || c->rdhup)))
-            return;
-        c->rd_more = 0;
-        ev.events = SV_ET_EVENTS;
-        ev.data.ptr = c;
-        epoll_ctl(c->core->epfd, EPOLL_CTL_MOD, c->fd, &ev);
-        return;
-    }
-    ev.events = c->io->events(c, events) | EPOLLONESHOT;
-    ev.data.ptr = c;
-    epoll_ctl(c->core->epfd, EPOLL_CTL_MOD, c->fd, &ev);
 }
 
 /* ---- requests ----------------------------------------------------------- */
@@ -522,7 +499,7 @@ static void chunked_step(sv_conn *c)
         dispatch(c);
     } else {
         c->deadline = body_deadline(c);
-        sv_loop_arm(c, EPOLLIN);
+        sv_conn_arm(c, EPOLLIN);
     }
 }
 
@@ -570,7 +547,7 @@ static void head_complete(sv_conn *c)
     if (r->expect_continue && have == 0)
         send_continue(c);
     c->deadline = sv_now() + o->read_timeout;
-    sv_loop_arm(c, EPOLLIN);
+    sv_conn_arm(c, EPOLLIN);
 }
 
 /* set_remote_address proxy_protocol: a connection's first bytes are a PROXY
@@ -594,7 +571,7 @@ static int proxy_header(sv_conn *c)
         return 1;
     }
     if (r == 0) {
-        sv_loop_arm(c, EPOLLIN);
+        sv_conn_arm(c, EPOLLIN);
         return 1;
     }
     if (!p.keep) /* v1 UNKNOWN, v2 LOCAL and the like keep the socket's address */
@@ -608,7 +585,7 @@ static int proxy_header(sv_conn *c)
     }
     c->deadline = now + o->first_data_timeout;
     set_partial(c, o->balance); /* as a connection just accepted (do_accept) */
-    sv_loop_arm(c, EPOLLIN);
+    sv_conn_arm(c, EPOLLIN);
     return 1;
 }
 
@@ -621,7 +598,7 @@ void sv_loop_process_input(sv_conn *c)
     }
     if (c->in.len == 0) {
         set_partial(c, 0);
-        sv_loop_arm(c, EPOLLIN);
+        sv_conn_arm(c, EPOLLIN);
         return;
     }
     set_partial(c, 1);
@@ -636,7 +613,7 @@ void sv_loop_process_input(sv_conn *c)
     if (r < 0) {
         error_response(c, -r, msg);
     } else if (r == 0) {
-        sv_loop_arm(c, EPOLLIN);
+        sv_conn_arm(c, EPOLLIN);
     } else {
         head_complete(c);
     }
@@ -656,7 +633,7 @@ static int read_into(sv_conn *c, char *p, size_t n)
         if (got < 0 && errno == EINTR)
             continue;
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            sv_loop_arm(c, EPOLLIN);
+            sv_conn_arm(c, EPOLLIN);
             return 0;
         }
         conn_destroy(c); /* EOF or error: an incomplete request is dropped */
@@ -740,7 +717,7 @@ static void read_body(sv_conn *c)
         }
         c->deadline = body_deadline(c);
     }
-    sv_loop_arm(c, EPOLLIN);
+    sv_conn_arm(c, EPOLLIN);
 }
 
 /* After the transport's shutdown: discard raw input until EOF or the deadline. */
@@ -754,7 +731,7 @@ static void linger_read(sv_conn *c)
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            sv_loop_arm(c, EPOLLIN);
+            sv_conn_arm(c, EPOLLIN);
             return;
         }
         conn_destroy(c);
@@ -787,14 +764,23 @@ static int conn_owned(sv_conn *c, uint32_t events)
  * event comes back) and the duty ends, so that the loop thread, not a
  * request thread, waits on the epoll next (polls.c). After the handshake
  * the connection's reads are a request thread's work again. */
+void sv_loop_unpark_locked(sv_core *core)
+{
+    /* a thread waiting on the epoll gives it back itself if its wait brings nothing */
+    if (!atomic_load(&core->duty) || atomic_load(&core->poll_waiting))
+        return;
+    atomic_store(&core->duty, 0);
+    pthread_cond_signal(&core->park_cv); /* the parked loop thread waits on the epoll again */
+}
+
 static int leave_to_loop_thread(sv_conn *c)
 {
     sv_core *core = c->core;
     if (!core->gvl_round || c->state != SV_ST_HEAD || !sv_tls_handshaking(c))
         return 0;
-    sv_loop_arm(c, EPOLLIN);
+    sv_conn_arm(c, EPOLLIN);
     pthread_mutex_lock(&core->mu);
-    sv_polls_hand_back_locked(core);
+    sv_loop_unpark_locked(core);
     pthread_mutex_unlock(&core->mu);
     return 1;
 }
@@ -1129,12 +1115,6 @@ int sv_core_start(sv_core *core)
     return 0;
 }
 
-void sv_core_wake(sv_core *core)
-{
-    uint64_t one = 1;
-    (void)!write(core->wakefd, &one, sizeof(one));
-}
-
 void sv_core_stop_and_join(sv_core *core, double grace)
 {
     pthread_mutex_lock(&core->mu);
@@ -1174,4 +1154,22 @@ void sv_core_destroy(sv_core *core)
         sv_pool_destroy(&core->req_pool);
         core->pools_ready = 0;
     }
+}
+
+void sv_core_ref(sv_core *core)
+{
+    atomic_fetch_add(&core->refs, 1);
+}
+
+void sv_core_unref(sv_core *core)
+{
+    if (atomic_fetch_sub(&core->refs, 1) != 1)
+        return;
+    for (int i = 0; i < core->nlisteners; i++)
+        if (core->listeners[i].tls_ctx)
+            sv_tls_ctx_free(core->listeners[i].tls_ctx);
+    sv_core_destroy(core);
+    pthread_mutex_destroy(&core->mu);
+    pthread_cond_destroy(&core->cv);
+    free(core);
 }

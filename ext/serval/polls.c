@@ -53,6 +53,11 @@
 #include <ruby/thread.h>
 #include "serval.h"
 #include "serval_ruby.h"
+#include "polls.h"
+#include "buffer.h"
+#include "gvl.h"
+#include "loop.h"
+#include "wake.h"
 
 /* The core whose request this thread holds (for the hook), when it took
  * it, and whether a fairness switch took the GVL from it mid-request. */
@@ -102,7 +107,7 @@ static void polls_hook(rb_event_flag_t ev, const rb_internal_thread_event_data_t
     } else {
         /* nothing queued: while this thread waits, the loop thread reads
          * what arrives (no thread would poll before this one is back) */
-        sv_polls_hand_back_locked(core);
+        sv_loop_unpark_locked(core);
     }
     pthread_mutex_unlock(&core->mu);
 }
@@ -122,15 +127,6 @@ void sv_polls_start(sv_core *core)
     }
     core->polls_on = 1;
 #endif
-}
-
-void sv_polls_hand_back_locked(sv_core *core)
-{
-    /* a thread waiting on the epoll gives it back itself if its wait brings nothing */
-    if (!atomic_load(&core->duty) || atomic_load(&core->poll_waiting))
-        return;
-    atomic_store(&core->duty, 0);
-    pthread_cond_signal(&core->park_cv); /* the parked loop thread waits on the epoll again */
 }
 
 void sv_polls_took(sv_core *core, double now)

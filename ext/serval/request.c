@@ -10,8 +10,16 @@
 #include <ruby/thread.h>
 #include "serval_ruby.h"
 #include "transport.h"
+#include "request.h"
+#include "buffer.h"
+#include "conn.h"
+#include "env.h"
+#include "head.h"
+#include "loop.h"
+#include "polls.h"
+#include "timing.h"
 
-VALUE sv_cRequest;
+static VALUE sv_cRequest, sv_eConnectionError, sv_eWriteTimeout;
 
 #define SV_FINISH_INLINE 16384   /* finish with the GVL held when this little is pending */
 
@@ -624,6 +632,10 @@ static VALUE req_head_written_p(VALUE self)
 
 void sv_init_request(VALUE mNative)
 {
+    sv_eConnectionError = rb_path2class("Serval::ConnectionError");
+    sv_eWriteTimeout = rb_path2class("Serval::WriteTimeout");
+    rb_gc_register_mark_object(sv_eConnectionError);
+    rb_gc_register_mark_object(sv_eWriteTimeout);
     sv_cRequest = rb_define_class_under(mNative, "Request", rb_cObject);
     rb_undef_alloc_func(sv_cRequest);
     sym_array = ID2SYM(rb_intern("array"));

@@ -1,5 +1,7 @@
 /*
- * Shared declarations of Serval's native I/O core.
+ * The native I/O core's data: its limits, the connection, the core. Each
+ * module's functions are declared in its own header (buffer.h, conn.h,
+ * loop.h, ...).
  *
  * Ownership rule: a connection is owned either by the event-loop thread
  * (SV_OWN_LOOP) or by exactly one Ruby worker thread (SV_OWN_RUBY). The owner
@@ -298,105 +300,8 @@ struct sv_core {
     sv_pool buf_pool;            /* SV_POOL_BLOCK-byte buffer blocks */
     sv_pool req_pool;            /* sv_request blocks */
     int pools_ready;             /* the two pools are initialised (sv_core_init) */
+    _Atomic long refs;           /* the Core object + one per live Request (sv_core_unref frees it) */
+    pid_t pid;                   /* the process that made it (core.c core_free) */
 };
-
-/* buffer.c */
-void sv_pool_init(sv_pool *p, size_t size);
-void sv_pool_destroy(sv_pool *p);
-void *sv_pool_get(sv_pool *p);           /* a block of p->size bytes (malloc when none is kept), or NULL */
-void sv_pool_put(sv_pool *p, void *blk); /* keep it, or free it when SV_POOL_MAX are kept */
-int sv_buf_reserve(sv_buf *b, size_t extra, size_t limit);
-void sv_buf_keep(sv_buf *b, size_t keep);    /* sv_buf_shrink, but an empty pool block stays */
-/* Also within `budget` bytes for all buffers sharing b->acct (to SV_OUT_MIN a buffer grows freely). */
-int sv_buf_reserve_budget(sv_buf *b, size_t extra, size_t limit, size_t budget);
-int sv_buf_append(sv_buf *b, const void *p, size_t n, size_t limit);
-void sv_buf_consume_front(sv_buf *b, size_t n);
-void sv_buf_free(sv_buf *b);
-void sv_buf_shrink(sv_buf *b, size_t keep);
-/* Loop only: give freed output memory back to the system (malloc_trim), rate-limited. */
-void sv_out_trim(sv_core *core, double now);
-
-/* errlog.c */
-void sv_errlog_init(sv_errlog *l);
-void sv_errlog_destroy(sv_errlog *l);
-void sv_errlog_push(sv_errlog *l, int status, const char *reason, const char *detail, const char *peer);
-size_t sv_errlog_take(sv_errlog *l, sv_err_event *out, size_t max, unsigned long *dropped, double deadline);
-void sv_errlog_wake(sv_errlog *l);
-void sv_errlog_stats(sv_errlog *l, size_t *queued, unsigned long *dropped, unsigned long *total);
-
-/* wake.c: waking Ruby threads for queued requests; all with core->mu held */
-void sv_waiter_push(sv_core *core, sv_waiter *w);
-void sv_waiter_remove(sv_core *core, sv_waiter *w);
-/* Every waiting thread re-checks its wait (draining, stopping, interrupts); core->cv too. */
-void sv_wake_all(sv_core *core);
-/* A request joined the queue: wake the most recent sleeping thread not woken yet. */
-void sv_wake_dispatched(sv_core *core);
-
-/* polls.c: request threads poll while the loop parks */
-void sv_polls_start(sv_core *core);          /* Core#start: decides core->thread_polls, installs the hook */
-/* core->mu held: the loop thread takes its epoll back (ends the duty, unparks it) */
-void sv_polls_hand_back_locked(sv_core *core);
-void sv_polls_took(sv_core *core, double now); /* Core#next took a request (core->mu held, polls on): core->running;
-                                                * now: a clock read moments ago, or 0 */
-void sv_polls_done(sv_core *core);           /* that request ended (finish, abort, hijack, GC) */
-/* Core#next, GVL held: runs a round of the loop's events when the loop is
- * parked and the queue is empty or the last round SV_POLL_EVERY_MS old; 1 if it ran one.
- * *now: the clock it read (the round's start, or the check's), for the take that follows */
-int sv_polls_poll(sv_core *core, int queue_empty, double *now);
-/* Core#next, without the GVL, core->mu not held: a thread with nothing to
- * do waits on the epoll itself, at most SV_PARK_MS; 1 if it ran that round */
-int sv_polls_wait(sv_core *core);
-/* Core#next, GVL held: whether this thread should sleep and leave the queue to a thread that
- * waits for the GVL with a request it took while asleep, or a young one a fairness switch interrupted */
-int sv_polls_yield(sv_core *core);
-
-/* buffer.c too: the monotonic clock in seconds */
-double sv_now(void);
-
-/* loop.c */
-int sv_core_init(sv_core *core);
-int sv_core_start(sv_core *core);
-void sv_core_wake(sv_core *core);
-void sv_core_stop_and_join(sv_core *core, double grace);
-void sv_core_destroy(sv_core *core);
-/* A request thread holding poll_mu while the loop is parked: one round of
- * the events ready now, or within timeout_ms (without the GVL only).
- * Returns how many. */
-int sv_loop_poll(sv_core *core, int timeout_ms);
-/* Loop thread only: parse what is buffered and dispatch. */
-void sv_loop_process_input(sv_conn *c);
-/* The owner (either side): wait on the loop's epoll for `events` (as the
- * connection's transport translates them), once (EPOLLONESHOT); for an
- * edge-triggered connection nothing, unless input may be waiting unannounced
- * (c->rd_more): then the registration is renewed, which reports it again. */
-void sv_loop_arm(sv_conn *c, uint32_t events);
-
-/* conn.c: used by both sides */
-sv_conn *sv_conn_new(sv_core *core, int fd, sv_listener *l);
-void sv_conn_free(sv_conn *c);
-/* Write what the socket takes now, through the transport; closes the
- * response's file once it is sent. 1 = all written, 0 = would block, -1 = error. */
-int sv_conn_flush(sv_conn *c);
-/* What follows a flush that returned r, decided in one place for both
- * sides: the owner closes the connection, parses a pipelined request
- * already buffered, or waits for *events (the rest of the response, a
- * lingering close, or the next request); c->state and c->deadline are set. */
-typedef enum { SV_NEXT_CLOSE, SV_NEXT_PARSE, SV_NEXT_WAIT } sv_next;
-/* now: the clock read moments ago, or 0 (read it when needed) */
-sv_next sv_conn_after_flush(sv_conn *c, int r, uint32_t *events, double now);
-/* Ruby side, without the GVL: the response is complete; the connection goes
- * back to the loop (or is closed). now: as for sv_conn_after_flush. */
-void sv_conn_response_done(sv_conn *c, double now);
-void sv_conn_give_to_loop_dead(sv_conn *c);
-void sv_conn_release_idle(sv_conn *c);         /* the loop: an idle connection's buffers go back to the pools */
-/* An unlinked temp file in tmpdir (O_TMPFILE, else mkostemp + unlink), mode 0600; or -1. */
-int sv_tmpfile(sv_core *core);
-/* Owner only: append to the response's spill file (opened on first use)
- * within max_spill. Returns the bytes taken, fewer than n (then
- * c->spill_failed is set) when max_spill is reached or the disk refuses. */
-size_t sv_conn_spill(sv_conn *c, const char *p, size_t n);
-/* balance.c: whether the response being started ends its keep-alive connection
- * to move the client to a sibling worker (takes one granted move) */
-int sv_balance_take_move(sv_core *core);
 
 #endif

@@ -38,6 +38,10 @@
 #include <unistd.h>
 #include <ruby.h>
 #include "serval_ruby.h"
+#include "steadiness.h"
+#include "gvl.h"
+
+#ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK /* the GVL hook (gvl.c): Ruby 3.2+ */
 
 #define SV_STEADY_STEP_NS 250000000ull /* 0.25 s */
 #define SV_STEADY_STEPS 240            /* 60 s */
@@ -150,10 +154,10 @@ static void *sampler(void *arg)
     return NULL;
 }
 
-/* Starts the sampler once per process (gvl.c, after the hook is added). In
- * a forked child the parent's thread is gone and its steps are the
- * parent's: both start over. */
-void sv_steadiness_start(void)
+/* Starts the sampler once per process (Native::GVL.enable, after the hook is
+ * added: sv_gvl_on_enable). In a forked child the parent's thread is gone
+ * and its steps are the parent's: both start over. */
+static void start(void)
 {
     pid_t pid = getpid();
     if (running_pid == pid)
@@ -251,8 +255,19 @@ static VALUE sends(VALUE mod, VALUE from_v)
     return out;
 }
 
-void sv_init_steadiness(VALUE mGVL)
+/* After sv_init_gvl: Native::GVL.steadiness and .sends, where the GVL hook
+ * exists (Ruby 3.2+); the sampler starts with the hook. */
+void sv_init_steadiness(VALUE mNative)
 {
+    VALUE mGVL = rb_const_get(mNative, rb_intern("GVL"));
     rb_define_singleton_method(mGVL, "steadiness", steadiness, 0);
     rb_define_singleton_method(mGVL, "sends", sends, 1);
+    sv_gvl_on_enable(start);
 }
+
+#else
+void sv_init_steadiness(VALUE mNative)
+{
+    (void)mNative; /* no GVL hook, no sampler (Ruby 3.1) */
+}
+#endif

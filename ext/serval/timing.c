@@ -19,6 +19,9 @@
 #include <time.h>
 #include <ruby.h>
 #include "serval_ruby.h"
+#include "timing.h"
+#include "gvl.h"
+#include "window.h"
 
 #define SV_TM_METRICS 6          /* queue, run, idle, stall, upstream queue, pool_wait */
 #define SV_TM_BUCKETS 13

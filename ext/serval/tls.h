@@ -17,5 +17,10 @@ int sv_tls_conn_init(sv_conn *c, void *ctx);
 int sv_tls_handshaking(const sv_conn *c);
 /* Drop a listener's reference to its SSL_CTX. */
 void sv_tls_ctx_free(void *ctx);
+#ifdef SERVAL_RUBY_H /* the Ruby side, for the files that include serval_ruby.h first */
+/* A Native::TLSContext's SSL_CTX, with a reference for a listener (GVL held). */
+void *sv_tls_ctx_get(VALUE tls_context);
+void sv_init_tls(VALUE mNative);
+#endif
 
 #endif

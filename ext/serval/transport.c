@@ -1,6 +1,7 @@
 /*
  * The plain TCP transport (transport.h): read(2), send(2) and sendfile(2)
- * on the socket; and the choice of a new connection's transport.
+ * on the socket. Every connection starts with it (sv_conn_new); one
+ * accepted on an ssl:// listener then gets TLS's (tls.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -8,7 +9,7 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include "transport.h"
-#include "tls.h"
+#include "buffer.h"
 
 #define SV_SENDFILE_MAX ((size_t)1 << 30)   /* bytes per sendfile call */
 
@@ -80,11 +81,3 @@ static void plain_close(sv_conn *c)
 const sv_transport sv_plain_transport = {
     plain_read, plain_write, plain_flush, plain_events, plain_shutdown, plain_close,
 };
-
-int sv_transport_open(sv_conn *c)
-{
-    c->io = &sv_plain_transport;
-    if (c->listener && c->listener->tls_ctx)
-        return sv_tls_conn_init(c, c->listener->tls_ctx);
-    return 0;
-}

@@ -41,8 +41,4 @@ struct sv_transport {
 
 extern const sv_transport sv_plain_transport;
 
-/* Give a connection just accepted its listener's transport (TLS on an
- * ssl:// listener, else plain): 0, or -1 when it cannot be set up. */
-int sv_transport_open(sv_conn *c);
-
 #endif

@@ -1,5 +1,5 @@
 /*
- * Waking Ruby threads for queued requests.
+ * Waking Ruby threads for queued requests, and the loop thread.
  *
  * Each Ruby thread asleep in Core#next waits on its own condition variable
  * (sv_waiter, on the waiting thread's stack), listed most recent first. A
@@ -14,9 +14,12 @@
  * Waking a thread only when no running thread would take the request soon
  * was measured and dropped: it halved the futex calls but woke the loop
  * more often and cost more CPU per hello request (bench/NOTES.md "Hot
- * path"). Everything here runs with core->mu held.
+ * path"). Everything here runs with core->mu held, but sv_core_wake, which
+ * wakes the loop thread (its eventfd) and takes no lock.
  */
+#include <unistd.h>
 #include "serval.h"
+#include "wake.h"
 
 void sv_waiter_push(sv_core *core, sv_waiter *w)
 {
@@ -58,4 +61,11 @@ void sv_wake_dispatched(sv_core *core)
     w->woken = 1;
     core->waking++;
     pthread_cond_signal(&w->cv);
+}
+
+/* The loop thread's epoll wait returns (its eventfd becomes readable). */
+void sv_core_wake(sv_core *core)
+{
+    uint64_t one = 1;
+    (void)!write(core->wakefd, &one, sizeof(one));
 }

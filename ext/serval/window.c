@@ -20,6 +20,8 @@
 #include <ruby.h>
 #include "serval_ruby.h"
 #include "winslot.h"
+#include "window.h"
+#include "gvl.h" /* SV_SEGS: a request's shape */
 
 #define SV_WIN_BUCKETS 6
 #define SV_WIN_SPAN 10.0          /* seconds per bucket */
