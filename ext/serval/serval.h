@@ -115,6 +115,7 @@ typedef struct {
     unsigned long total;         /* records offered, kept or not */
     int wake;
     int ready;
+    int efd;                     /* eventfd: readable while records (or drops) wait, for a poller */
 } sv_errlog;
 
 /* One request's timing record (ext/serval/timing.c). */
@@ -320,6 +321,7 @@ void sv_errlog_push(sv_errlog *l, int status, const char *reason, const char *de
 size_t sv_errlog_take(sv_errlog *l, sv_err_event *out, size_t max, unsigned long *dropped, double deadline);
 void sv_errlog_wake(sv_errlog *l);
 void sv_errlog_stats(sv_errlog *l, size_t *queued, unsigned long *dropped, unsigned long *total);
+int sv_errlog_fd(sv_errlog *l);
 
 /* wake.c: waking Ruby threads for queued requests; all with core->mu held */
 void sv_waiter_push(sv_core *core, sv_waiter *w);

@@ -94,6 +94,10 @@ module Serval
       enqueue(graceful ? :stop : :halt)
     end
 
+    # A periodic job on the supervising loop (Supervisor#every): the advice
+    # log's checks.
+    def every(interval, &block) = @impl.every(interval, &block)
+
     def enqueue(command)
       raise ArgumentError, "unknown launcher command #{command.inspect}" unless COMMANDS.include?(command)
 
