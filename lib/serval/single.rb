@@ -8,9 +8,10 @@ module Serval
   # here: the Server, the loop and how a stop reaches the Server. The loop,
   # on the main thread, waits on the commands pipe and the Server's error
   # ring (ErrorLog#io) and runs the periodic jobs; the Server tells it when
-  # it has stopped. No thread of its own but the stopper, during a drain. The cluster-only commands have no handler here, so #enqueue
-  # refuses them (the control app answers 501) and their signals are logged
-  # and ignored.
+  # it has stopped. No thread of its own but the stopper, during a drain.
+  # The cluster-only commands have no handler here, so #enqueue refuses
+  # them (the control app answers 501) and their signals are logged and
+  # ignored.
   class Single < Supervisor
     MODE = "single"
     SIGNALS = Signals::SINGLE

@@ -136,7 +136,8 @@ module Serval
       @jobs.each do |job|
         next if job.stopped || job.next_at.nil? || t < job.next_at
 
-        job.next_at = [job.next_at + job.interval, t].max
+        job.next_at += job.interval
+        job.next_at = t + job.interval if job.next_at <= t # late by a whole interval: no catching up
         begin
           job.block.call
         rescue StandardError => e

@@ -108,7 +108,8 @@ module Serval
         t = Launcher::Support.now
         return unless @next_tick && t >= @next_tick
 
-        @next_tick = [@next_tick + Balancer::TICK, t].max
+        @next_tick += Balancer::TICK
+        @next_tick = t + Balancer::TICK if @next_tick <= t # late by a whole tick: no catching up
         @balancer.tick(t)
       rescue StandardError => e
         @log_writer.error("serval: balance tick failed (#{e.class}: #{e.message})") unless @balance_failed
