@@ -1,14 +1,15 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "support/http_wire"
 require "support/subprocess_server"
-require "net/http"
 
 # What load balancers hear (Serval::Capacity): GET /ready on the metrics
 # listener and the HAProxy agent-check responder, in each state, against a
 # real HAProxy for the agent.
 class CapacitySignalTest < Minitest::Test
   include Serval::SubprocessHelpers
+  include Serval::HttpWire
 
   # /hold writes to the FIFO "entered", then waits until the test writes to
   # the FIFO "release"; /burn spends 5 ms of CPU; "/" answers at once.
@@ -39,8 +40,8 @@ class CapacitySignalTest < Minitest::Test
   end
 
   def ready(port)
-    res = Net::HTTP.get_response(URI("http://127.0.0.1:#{port}/ready"))
-    [res.code.to_i, res.body[/\A\w+/]]
+    res = http(port, good_request("/ready"))
+    [res.status, res.body[/\A\w+/]]
   end
 
   def open_gate(server, fifo = "gate")
@@ -49,7 +50,7 @@ class CapacitySignalTest < Minitest::Test
 
   # A request that stays in the app until release; returns once it is there.
   def hold_request(server)
-    thread = Thread.new { Net::HTTP.get(URI("http://127.0.0.1:#{server.port}/hold")) }
+    thread = Thread.new { http(server.port, good_request("/hold"), timeout: 15).body }
     File.read(File.join(server.dir, "entered")) # the app writes it once the request is in
     thread
   end
@@ -141,16 +142,11 @@ class CapacitySignalTest < Minitest::Test
     # 3.1 the GVL share is the process's CPU time: an idle worker reads ~1 %)
     wait_state(haproxy) { |s| s["srv_op_state"] == "2" && s["srv_uweight"].to_i >= IDLE_WEIGHT }
 
-    stop = false
-    load = Array.new(2) do
-      Thread.new do
-        Net::HTTP.start("127.0.0.1", server.port) { |http| http.get("/burn") until stop }
-      end
-    end
+    load = Serval::HttpWire::LoadClient.new(server.port, threads: 2, path: "/burn").start
     busy = wait_state(haproxy) { |s| s["srv_op_state"] == "2" && s["srv_uweight"].to_i < 50 }
     assert_operator busy["srv_uweight"].to_i, :>=, 1
-    stop = true
-    load.each(&:join)
+    result = load.stop
+    assert_equal 0, result.failed, result.errors.inspect
     wait_state(haproxy) { |s| s["srv_uweight"].to_i >= IDLE_WEIGHT }
 
     held = hold_request(server)

@@ -1,19 +1,17 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "support/http_wire"
 require "support/subprocess_server"
 
 # Worker health in cluster mode: replacement after SIGKILL, check-in timeout,
 # boot timeout, crash-loop backoff, workers leaving with their master.
 class ClusterHealthTest < Minitest::Test
   include Serval::SubprocessHelpers
+  include Serval::HttpWire
 
   # Answers the worker's pid; "?hold" keeps the request 0.3 s in the app.
   PID_APP = %(run ->(env) { sleep 0.3 if env["QUERY_STRING"] == "hold"; [200, {"content-type" => "text/plain"}, [Process.pid.to_s]] }\n)
-
-  def setup
-    require "net/http"
-  end
 
   def cluster(config, files: {})
     body = "bind 'tcp://127.0.0.1:0'\nthreads 1, 2\n#{config}"
@@ -55,7 +53,7 @@ class ClusterHealthTest < Minitest::Test
     # at most 2 threads and accepts only while one is free, so at least two
     # of them must be answered by the replacement.
     seen = Array.new(4) do
-      Thread.new { Net::HTTP.get(URI("http://127.0.0.1:#{server.port}/?hold")).to_i }
+      Thread.new { http(server.port, good_request("/?hold")).body.to_i }
     end.map(&:value)
     elapsed = now - killed_at
     assert_includes seen, fresh, server.logs
@@ -73,7 +71,7 @@ class ClusterHealthTest < Minitest::Test
     worker_pid(server, 1)
     6.times do
       pids = Array.new(4) do
-        Thread.new { Net::HTTP.get(URI("http://127.0.0.1:#{server.port}/?hold")).to_i }
+        Thread.new { http(server.port, good_request("/?hold")).body.to_i }
       end.map(&:value)
       assert_equal [2, 2], pids.tally.values, "#{pids.inspect}\n#{server.logs}"
     end
@@ -104,7 +102,7 @@ class ClusterHealthTest < Minitest::Test
     assert_match(/respawning in 0\.0s \(failure 1/, lines[0])
     assert_match(/respawning in 0\.5s \(failure 2/, lines[1])
     assert_equal 3, lines.size, "no fork bomb: #{lines.size} respawns"
-    assert_equal "200", Net::HTTP.get_response(URI("http://127.0.0.1:#{server.port}/")).code
+    assert_equal 200, http(server.port, good_request("/")).status
   end
 
   def test_workers_exit_when_the_master_dies

@@ -1,12 +1,14 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "support/http_wire"
 require "support/subprocess_server"
 require "serval/launcher"
 
 # Cluster mode through the real executable: workers, hooks, titles, config errors.
 class ClusterTest < Minitest::Test
   include Serval::SubprocessHelpers
+  include Serval::HttpWire
 
   PID_APP = %(run ->(env) { [200, {"content-type" => "text/plain"}, [Process.pid.to_s]] }\n)
 
@@ -24,11 +26,7 @@ class ClusterTest < Minitest::Test
   RUBY
 
   def get(port)
-    Net::HTTP.get_response(URI("http://127.0.0.1:#{port}/"))
-  end
-
-  def setup
-    require "net/http"
+    http(port, good_request("/", host: "127.0.0.1"))
   end
 
   def test_two_workers_serve_hooks_and_titles

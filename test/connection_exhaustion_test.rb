@@ -26,9 +26,7 @@ class ConnectionExhaustionTest < Minitest::Test
   def test_a_fresh_client_is_served_when_trickling_clients_hold_every_slot
     with_server(APP, max_connections: SLOTS, read_timeout: 30, first_data_timeout: 30) do |server, port|
       hogs = Array.new(SLOTS) do |i|
-        s = TCPSocket.new("127.0.0.1", port)
-        s.write(i.even? ? "GET / HT" : "G") # a partial head, or one byte
-        s
+        connect(port).write(i.even? ? "GET / HT" : "G") # a partial head, or one byte
       end
       wait_for_connections(server, SLOTS)
       sleep 0.3 # older than SV_EVICT_MIN_AGE (0.25 s): a brand-new connection is never evicted
@@ -36,7 +34,7 @@ class ConnectionExhaustionTest < Minitest::Test
       res = http(port, "GET /fresh HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", timeout: 5)
       assert_equal 200, res.status
       assert_operator Process.clock_gettime(Process::CLOCK_MONOTONIC) - started, :<, 5
-      closed = hogs.count { |s| s.wait_readable(0) && (s.read_nonblock(1, exception: false).nil? rescue true) }
+      closed = hogs.count { |c| %i[eof reset].include?(c.wait_close(timeout: 0)) }
       assert_operator closed, :>=, 1, "a slow client made room"
       assert_operator server.stats[:connections], :<=, SLOTS
     ensure
@@ -56,19 +54,16 @@ class ConnectionExhaustionTest < Minitest::Test
     end
     with_server(app, max_connections: 2, max_threads: 2, min_threads: 2) do |server, port|
       busy = Array.new(2) do
-        s = TCPSocket.new("127.0.0.1", port)
-        s.write("GET /busy HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-        s
+        connect(port).write("GET /busy HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
       end
       2.times { started.pop }
       sleep 0.3 # past SV_EVICT_MIN_AGE, so only the state protects them
-      fresh = TCPSocket.new("127.0.0.1", port)
-      fresh.write("GET /fresh HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
-      refute fresh.wait_readable(0.5), "the fresh client was answered while both slots were in the app"
+      fresh = connect(port).write("GET /fresh HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+      assert fresh.silent_for?(0.5), "the fresh client was answered while both slots were in the app"
       2.times { release << true }
-      busy.each { |s| assert_match(/done\z/, s.read) }
+      busy.each { |c| assert_match(/done\z/, c.read_to_eof) }
       release << true
-      assert_match(%r{\AHTTP/1.1 200 OK}, fresh.read)
+      assert_match(%r{\AHTTP/1.1 200 OK}, fresh.read_to_eof)
     ensure
       busy&.each(&:close)
       fresh&.close
@@ -80,10 +75,8 @@ class ConnectionExhaustionTest < Minitest::Test
   # off with a 408 although no gap reaches read_timeout.
   def test_a_trickled_body_is_cut_off_by_min_body_rate
     with_server(APP, read_timeout: 0.5, min_body_rate: 1000) do |server, port|
-      s = TCPSocket.new("127.0.0.1", port)
-      s.write("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n")
+      s = connect(port).write("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n")
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 8
-      reply = +""
       loop do
         break if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
 
@@ -92,15 +85,11 @@ class ConnectionExhaustionTest < Minitest::Test
         rescue SystemCallError, IOError
           break
         end
-        next unless s.wait_readable(0.1)
-
-        chunk = s.read_nonblock(4096, exception: false)
-        break if chunk.nil?
-
-        reply << chunk if chunk.is_a?(String)
-        break if reply.include?("\r\n\r\n")
+        got = s.read_more(0.1)
+        next if got == :timeout
+        break unless got == :data && !s.buffered.include?("\r\n\r\n")
       end
-      assert_match(%r{\AHTTP/1.1 408 }, reply)
+      assert_match(%r{\AHTTP/1.1 408 }, s.buffered)
       assert_equal 0, server.stats[:requests_count]
     ensure
       s&.close
@@ -111,11 +100,10 @@ class ConnectionExhaustionTest < Minitest::Test
   # between bytes: still reading when the test stops.
   def test_min_body_rate_zero_turns_the_rate_check_off
     with_server(APP, read_timeout: 0.5, min_body_rate: 0) do |_server, port|
-      s = TCPSocket.new("127.0.0.1", port)
-      s.write("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n")
+      s = connect(port).write("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n")
       20.times do
         s.write("x")
-        refute s.wait_readable(0.1), "answered while the body was still arriving"
+        assert s.silent_for?(0.1), "answered while the body was still arriving"
       end
     ensure
       s&.close

@@ -1,9 +1,9 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "support/http_wire"
 require_relative "support/subprocess_server"
 require_relative "support/cpu_rivals"
-require "net/http"
 
 # ext/serval/gvl.c samples one in-request idle span in 16 and reads the
 # thread's run-queue wait (Linux schedstat) at both ends: the part of the
@@ -16,6 +16,7 @@ require "net/http"
 # tests load the machine), not the scheduler's exact figures.
 class CpuWaitTest < Minitest::Test
   include Serval::SubprocessHelpers
+  include Serval::HttpWire
   include Serval::CpuRivals
 
   APP = <<~RUBY
@@ -34,13 +35,13 @@ class CpuWaitTest < Minitest::Test
   end
 
   def get(port, path)
-    Net::HTTP.start("127.0.0.1", port, open_timeout: 5, read_timeout: 10) { |h| h.get(path) }
+    http(port, good_request(path, host: "127.0.0.1"), timeout: 10)
   end
 
   # [wait, spanned, spans] of the sampled spans of n requests
   def serve(port, n)
     before = totals(port)
-    n.times { assert_equal "200", get(port, "/").code }
+    n.times { assert_equal 200, get(port, "/").status }
     totals(port).zip(before).map { |a, b| a - b }
   end
 

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require "test_helper"
-require "support/raw_http"
+require "support/http_wire"
 require "support/watched_io"
 require "serval/server"
 require "serval/error_log"
@@ -10,7 +10,7 @@ require "serval/error_log"
 # (status, reason, peer), at most error_log_limit per second, the rest
 # counted; the event ring in C stays bounded when nobody reads it.
 class ErrorLogTest < Minitest::Test
-  include Serval::TestHelpers::RawHTTP
+  include Serval::HttpWire
 
   LINE = /^serval: error response (\d{3}) ([^\n]*?) peer=(\S+) reason="([^"\n]*)"$/
   SUPPRESSED = /^serval: (\d+) more error responses? not logged in the last [\d.]+s \(error_log_limit (\d+)\/s\)(.*)$/
@@ -67,11 +67,11 @@ class ErrorLogTest < Minitest::Test
   # not an error response: nothing was answered, nothing is logged.
   def test_silent_timeouts_are_not_logged
     with_logged_server(persistent_timeout: 0.1, first_data_timeout: 0.1) do |_server, port|
-      client = Client.new(port).write(good_request("/one"))
+      client = connect(port).write(good_request("/one"))
       assert_equal "HTTP/1.1 200 OK", client.read_response.status_line
       assert_equal :eof, client.wait_close # persistent_timeout
       client.close
-      silent = Client.new(port)
+      silent = connect(port)
       assert_equal :eof, silent.wait_close # first_data_timeout
       silent.close
       raw_request(port, "BAD\r\n\r\n")
@@ -88,7 +88,7 @@ class ErrorLogTest < Minitest::Test
     n = 60
     limit = 5
     with_logged_server(error_log_limit: limit) do |_server, port|
-      clients = Array.new(n) { Client.new(port) }
+      clients = Array.new(n) { connect(port) }
       clients.each { |c| c.write("BAD\r\n\r\n") }
       clients.each do |c|
         assert_equal "HTTP/1.1 400 Bad Request", c.read_response.status_line

@@ -19,7 +19,8 @@ class FairnessTest < Minitest::Test
   end
 
   def test_values_accepted
-    assert_equal 2.0, Serval::Configuration::DEFAULTS[:fair_timeslice]
+    assert_equal 0.0, Serval::Configuration::DEFAULTS[:fair_timeslice]
+    assert_equal 2.0, Serval::Fairness::DEFAULT_SLICE_MS
     assert_equal 10.0, finish(10)
     assert_equal 2.5, finish("2.5")
     assert_equal 0.0, finish(false)

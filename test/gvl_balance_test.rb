@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
-require "support/raw_http"
+require "support/http_wire"
 require "support/subprocess_server"
 
 # GVL-aware balancing across workers (docs/tuning.md "Balancing workers"):
@@ -11,7 +11,7 @@ require "support/subprocess_server"
 class GVLBalanceTest < Minitest::Test
   include Serval::SubprocessHelpers
 
-  Client = Serval::TestHelpers::RawHTTP::Client
+  Client = Serval::HttpWire::Client
   GET = "GET / HTTP/1.1\r\nhost: x\r\n\r\n"
   HELLO = ->(_env) { [200, { "content-type" => "text/plain", "content-length" => "5" }, ["hello"]] }
 
@@ -19,15 +19,15 @@ class GVLBalanceTest < Minitest::Test
     with_server(HELLO, balance: true, min_threads: 2, max_threads: 2) do |server, port|
       c = Client.new(port)
       r = c.write(GET).read_response
-      assert_nil r["connection"]
+      assert_nil r.field("connection")
       server.core.balance_move
       r = c.write(GET).read_response
-      assert_equal [200, "close", "hello"], [r.status, r["connection"], r.body]
+      assert_equal [200, "close", "hello"], [r.status, r.field("connection"), r.body]
       assert_equal :eof, c.wait_close, "closed once the response was written"
       other = Client.new(port)
       2.times do
         r = other.write(GET).read_response
-        assert_nil r["connection"], "one grant moves one connection"
+        assert_nil r.field("connection"), "one grant moves one connection"
       end
       assert_equal 1, server.core.balance_moved
       other.close
@@ -52,11 +52,11 @@ class GVLBalanceTest < Minitest::Test
       server.core.balance_move
       closing = Client.new(port)
       r = closing.write("GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").read_response
-      assert_equal "close", r["connection"]
+      assert_equal "close", r.field("connection")
       assert_equal 0, server.core.balance_moved, "a connection closing anyway does not use the move"
       gate << true
       r = c.read_response
-      assert_equal [200, "close", "hello"], [r.status, r["connection"], r.body]
+      assert_equal [200, "close", "hello"], [r.status, r.field("connection"), r.body]
       assert_equal :eof, c.wait_close
       assert_equal 1, server.core.balance_moved
     end
@@ -112,12 +112,65 @@ class GVLBalanceTest < Minitest::Test
   def test_with_gvl_balance_off_connections_stay
     _server, pids = cluster_with_clients_on_worker_zero("gvl_balance false\n")
     seen = @clients.map do |client|
-      Thread.new { Array.new(100) { client.write(GET).read_response.then { |r| [r["connection"], r.body.to_i] } } }
+      Thread.new { Array.new(100) { client.write(GET).read_response.then { |r| [r.field("connection"), r.body.to_i] } } }
     end.flat_map(&:value)
     assert_equal [[nil, pids[0]]], seen.uniq
   end
 
+  # Thread polls (ext/serval/polls.c) are in effect in a cluster worker with
+  # gvl_balance on (the default): each worker's check-in says so, and under
+  # keep-alive load from eight clients at a time, on new connections each
+  # round (accepted while the rounds may be the request threads'; a client
+  # told "connection: close" when no thread was free reconnects), request
+  # threads ran rounds of the loop while every request was answered.
+  def test_workers_poll_with_balancing_on
+    require "json"
+    hook = Serval::Native::GVL.respond_to?(:supported?) && Serval::Native::GVL.supported?
+    files = { "config.ru" => Serval::SubprocessServer::HELLO,
+              "c.rb" => "workers 2\nthreads 4, 4\nworker_check_interval 0.2\n" }
+    server = spawn_server(["-C", "c.rb", "-b", "tcp://127.0.0.1:0", "--control-url", "unix://ctl.sock",
+                           "--control-token", "t"], files: files).boot
+    2.times { |i| server.wait_for(/Worker #{i}\b.*booted/) }
+    answers = Queue.new
+    4.times do
+      Array.new(8) do
+        Thread.new do
+          client = Client.new(server.port)
+          50.times do
+            r = client.write(GET).read_response
+            answers << [r.status, r.body]
+            next unless r["connection"] == "close" # no thread free: the client may go to the sibling
+
+            client.close
+            client = Client.new(server.port)
+          end
+          client.close
+        end
+      end.each(&:join)
+    end
+    assert_equal [[200, "hello\n"]], Array.new(answers.size) { answers.pop }.uniq
+    # the workers check in every 0.2 s: read the master's view until it has every request
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
+    statuses = nil
+    loop do
+      statuses = control_stats(server)["worker_status"].map { |w| w["last_status"] }
+      break if statuses.sum { |st| st["requests_count"].to_i } >= 4 * 8 * 50 ||
+               Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+    end
+    assert_equal [hook, hook], statuses.map { |st| st["thread_polls"] }
+    skip "no thread event hook: the loop reads every request" unless hook
+    assert_operator statuses.sum { |st| st["polled_rounds"].to_i }, :>, 0
+  end
+
   private
+
+  def control_stats(server)
+    socket = UNIXSocket.new(File.join(server.dir, "ctl.sock"))
+    socket.write("GET /stats?token=t HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    JSON.parse(socket.read.split("\r\n\r\n", 2)[1])
+  ensure
+    socket&.close
+  end
 
   # Requests on one keep-alive client until a response ends it (then
   # reconnects: [the pid that answers]), or :stayed.
@@ -126,7 +179,7 @@ class GVLBalanceTest < Minitest::Test
       return :stayed if yield
 
       r = client.write(GET).read_response
-      next unless r["connection"] == "close"
+      next unless r.field("connection") == "close"
 
       assert_equal "200 #{pid0}", "#{r.status} #{r.body}", "the moving response is complete"
       assert_equal :eof, client.wait_close

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require "test_helper"
-require "support/raw_http"
+require "support/http_wire"
 
 # The hand-offs of a request's hot path (docs/DESIGN.md "A request's path"):
 # a queued request wakes exactly one sleeping thread (ext/serval/wake.c), and
@@ -9,7 +9,7 @@ require "support/raw_http"
 # that arrives while the app runs is noted and handled once the response is
 # done (ext/serval/loop.c).
 class HotPathTest < Minitest::Test
-  include Serval::TestHelpers::RawHTTP
+  include Serval::HttpWire
 
   H = "Host: example.test\r\n"
 
@@ -50,11 +50,11 @@ class HotPathTest < Minitest::Test
     started = Queue.new
     release = Queue.new
     with_server(gate_app(started, release), min_threads: 2, max_threads: 2) do |_server, port|
-      blocked = Client.new(port).write(get("/block"))
+      blocked = connect(port).write(get("/block"))
       assert_equal "/block", started.pop
       blocker = nil
       3.times do |i|
-        client = Client.new(port).write(get("/fast#{i}", "Connection: close\r\n"))
+        client = connect(port).write(get("/fast#{i}", "Connection: close\r\n"))
         body = client.read_response.body
         assert_match(%r{\A/fast#{i} on serval-worker-\d+\z}, body)
         blocker = body[/serval-worker-\d+/]
@@ -72,7 +72,7 @@ class HotPathTest < Minitest::Test
   def test_every_thread_sleeps_again_once_traffic_stops
     app = ->(env) { [200, { "content-type" => "text/plain" }, [env["PATH_INFO"]]] }
     with_server(app, min_threads: 4, max_threads: 4) do |server, port|
-      clients = Array.new(6) { Client.new(port) }
+      clients = Array.new(6) { connect(port) }
       25.times do |i|
         clients.each { |c| c.write(get("/r#{i}")) }
         clients.each { |c| assert_equal "/r#{i}", c.read_response.body }
@@ -89,7 +89,7 @@ class HotPathTest < Minitest::Test
     started = Queue.new
     release = Queue.new
     with_server(gate_app(started, release), min_threads: 1, max_threads: 1) do |_server, port|
-      client = Client.new(port).write(get("/block1"))
+      client = connect(port).write(get("/block1"))
       assert_equal "/block1", started.pop
       client.write(get("/second"))
       release << :go
@@ -106,7 +106,7 @@ class HotPathTest < Minitest::Test
     started = Queue.new
     release = Queue.new
     with_server(gate_app(started, release), min_threads: 1, max_threads: 1) do |_server, port|
-      client = Client.new(port).write(get("/block1"))
+      client = connect(port).write(get("/block1"))
       assert_equal "/block1", started.pop
       client.write("GET /sec")
       release << :go
@@ -123,7 +123,7 @@ class HotPathTest < Minitest::Test
     started = Queue.new
     release = Queue.new
     with_server(gate_app(started, release), min_threads: 1, max_threads: 1) do |_server, port|
-      client = Client.new(port).write(get("/block1"))
+      client = connect(port).write(get("/block1"))
       assert_equal "/block1", started.pop
       wire = (1..150).map { |i| get("/p#{i}", "X-Pad: #{'x' * 40}\r\n") }.join
       assert_operator wire.bytesize, :>, 8192
@@ -142,13 +142,13 @@ class HotPathTest < Minitest::Test
     started = Queue.new
     release = Queue.new
     with_server(gate_app(started, release), min_threads: 1, max_threads: 1) do |server, port|
-      client = Client.new(port).write(get("/block1"))
+      client = connect(port).write(get("/block1"))
       assert_equal "/block1", started.pop
       client.close
       release << :go
       s = core_stats_until(server) { |st| st[:connections].zero? }
       assert_equal 0, s[:connections]
-      fresh = Client.new(port).write(get("/after", "Connection: close\r\n"))
+      fresh = connect(port).write(get("/after", "Connection: close\r\n"))
       assert_match(%r{\A/after on }, fresh.read_response.body)
       fresh.close
     end
@@ -164,7 +164,7 @@ class HotPathTest < Minitest::Test
     app = ->(env) { [200, { "content-type" => "text/plain" }, [env["PATH_INFO"]]] }
     with_server(app, min_threads: 1, max_threads: 1, **LONG_WAITS) do |server, port|
       clients = Array.new(5) do
-        client = Client.new(port).write("GET /half HTTP/1.1\r\nHo")
+        client = connect(port).write("GET /half HTTP/1.1\r\nHo")
         client.socket.close_write
         client
       end
@@ -179,7 +179,7 @@ class HotPathTest < Minitest::Test
     app = ->(env) { [200, { "content-type" => "text/plain" }, [env["PATH_INFO"]]] }
     with_server(app, min_threads: 1, max_threads: 1, **LONG_WAITS) do |server, port|
       clients = Array.new(5) do |i|
-        client = Client.new(port).write(get("/r#{i}"))
+        client = connect(port).write(get("/r#{i}"))
         client.socket.close_write
         client
       end
@@ -199,7 +199,7 @@ class HotPathTest < Minitest::Test
     started = Queue.new
     release = Queue.new
     with_server(gate_app(started, release), min_threads: 1, max_threads: 1, **LONG_WAITS) do |server, port|
-      client = Client.new(port).write(get("/block1"))
+      client = connect(port).write(get("/block1"))
       assert_equal "/block1", started.pop
       client.write(get("/second"))
       client.socket.close_write
@@ -219,7 +219,7 @@ class HotPathTest < Minitest::Test
     started = Queue.new
     release = Queue.new
     with_server(gate_app(started, release), min_threads: 1, max_threads: 1, **LONG_WAITS) do |server, port|
-      client = Client.new(port).write(get("/block1"))
+      client = connect(port).write(get("/block1"))
       assert_equal "/block1", started.pop
       client.write("GET /sec")
       client.socket.close_write

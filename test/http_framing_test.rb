@@ -1,13 +1,13 @@
 # frozen_string_literal: true
 
 require "test_helper"
-require "support/raw_http"
+require "support/http_wire"
 
 # RFC 9112 framing: every malformed or ambiguous request is answered by the
 # I/O core with the exact status, `connection: close`, and a close; the app
 # never sees it, and the server keeps serving fresh connections.
 class HTTPFramingTest < Minitest::Test
-  include Serval::TestHelpers::RawHTTP
+  include Serval::HttpWire
 
   H = "Host: example.test\r\n"
   BAD = "HTTP/1.1 400 Bad Request"
@@ -149,7 +149,7 @@ class HTTPFramingTest < Minitest::Test
     ]
     with_framing_server do |_server, port|
       good.each do |bytes|
-        client = Client.new(port)
+        client = connect(port)
         client.write(bytes)
         resp = client.read_response
         resp = client.read_response if resp.status == 100
@@ -177,7 +177,7 @@ class HTTPFramingTest < Minitest::Test
         "/page?x=1#section-2" => ["/page", "x=1", "/page?x=1"],
         "/anchor#only" => ["/anchor", "", "/anchor"]
       }.each do |target, (path, query, uri)|
-        client = Client.new(port)
+        client = connect(port)
         client.write("GET #{target} HTTP/1.1\r\n#{H}Connection: close\r\n\r\n".b)
         assert_equal "HTTP/1.1 200 OK", client.read_response.status_line, target.inspect
         client.close
@@ -189,7 +189,7 @@ class HTTPFramingTest < Minitest::Test
   # RFC 9110 2.5: a higher minor version of HTTP/1 is answered as HTTP/1.1.
   def test_http12_is_served_as_http11
     with_framing_server do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write("GET /v HTTP/1.2\r\n#{H}\r\nGET /w HTTP/1.2\r\n#{H}Connection: close\r\n\r\n")
       assert_equal "HTTP/1.1 200 OK", client.read_response.status_line
       assert_equal "HTTP/1.1 200 OK", client.read_response.status_line, "kept alive as 1.1"
@@ -202,7 +202,7 @@ class HTTPFramingTest < Minitest::Test
   def test_garbage_without_a_line_end_is_refused_at_once
     with_framing_server(read_timeout: 60, first_data_timeout: 60) do |_server, port|
       hello = [0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03].pack("C*") + Random.new(1).bytes(32)
-      client = Client.new(port)
+      client = connect(port)
       client.write(hello)
       assert_equal BAD, client.read_response.status_line # Client's read deadline is far below 60 s
       assert_equal :eof, client.wait_close
@@ -222,12 +222,12 @@ class HTTPFramingTest < Minitest::Test
 
   def test_error_body_is_framed_and_mentions_reason
     with_framing_server do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write("POST / HTTP/1.1\r\n#{H}Content-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n")
       resp = client.read_response
       assert_equal BAD, resp.status_line
-      assert_equal resp.body.bytesize, Integer(resp["content-length"])
-      refute_nil resp["date"]
+      assert_equal resp.body.bytesize, Integer(resp.field("content-length"))
+      refute_nil resp.field("date")
       assert_equal :eof, client.wait_close
       client.close
     end
@@ -235,11 +235,11 @@ class HTTPFramingTest < Minitest::Test
 
   def test_bad_request_split_across_writes_byte_by_byte
     with_framing_server do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       "GET / HTTP/1.1\r\n#{H}X-Bad : 1\r\n\r\n".each_char { |ch| client.write(ch) }
       resp = client.read_response
       assert_equal BAD, resp.status_line
-      assert_equal "close", resp["connection"]
+      assert_equal "close", resp.field("connection")
       assert_equal :eof, client.wait_close
       client.close
       assert_serves_fresh_request(port, @calls)
@@ -253,7 +253,7 @@ class HTTPFramingTest < Minitest::Test
       threads = bad.each_slice((bad.size / 4.0).ceil).map do |slice|
         Thread.new do
           slice.each do |bytes|
-            client = Client.new(port)
+            client = connect(port)
             client.write(bytes.b)
             status = client.read_response.status
             results << [status, client.wait_close]
@@ -282,7 +282,7 @@ class HTTPFramingTest < Minitest::Test
       [200, { "content-type" => "text/plain" }, ["#{body.bytesize}:#{body}"]]
     end
     with_server(app) do |_server, port|
-      client = Client.new(port).write("POST /c HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n5")
+      client = connect(port).write("POST /c HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n5")
       sleep 0.05
       ["\r\nhello\r\n", "6\r\n world\r\n", "0\r\n\r\n"].each do |part|
         client.write(part)

@@ -1,13 +1,13 @@
 # frozen_string_literal: true
 
 require "test_helper"
-require "support/raw_http"
+require "support/http_wire"
 
 # Persistent connections: sequential and pipelined requests, HTTP/1.0 rules,
 # Connection: close, max_keepalive_requests, 100-continue, and errors in the
 # middle of a pipeline.
 class HTTPKeepaliveTest < Minitest::Test
-  include Serval::TestHelpers::RawHTTP
+  include Serval::HttpWire
 
   H = "Host: example.test\r\n"
 
@@ -35,12 +35,12 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_several_requests_on_one_connection
     with_ka_server do |server, port|
-      client = Client.new(port)
+      client = connect(port)
       5.times do |i|
         client.write(good_request("/seq#{i}"))
         resp = client.read_response
         assert_ok(resp, "/seq#{i}")
-        assert_nil resp["connection"]
+        assert_nil resp.field("connection")
       end
       client.write(post("/seq-post", "payload"))
       assert_ok(client.read_response, "/seq-post", "payload")
@@ -52,7 +52,7 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_three_pipelined_requests_in_one_write_answered_in_order
     with_ka_server do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       body = "pipelined body \r\n\r\nGET /not-a-request HTTP/1.1\r\n\r\n"
       client.write(good_request("/p1") + post("/p2", body) + good_request("/p3"))
       assert_ok(client.read_response, "/p1")
@@ -66,7 +66,7 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_pipelined_chunked_body_and_request_split_mid_head
     with_ka_server do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       wire = "POST /c1 HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n3;x=y\r\nefg\r\n0\r\n\r\n" \
              "#{post('/c2', 'xyz')}#{good_request('/c3')}"
       cut = wire.index("/c2") + 1
@@ -86,7 +86,7 @@ class HTTPKeepaliveTest < Minitest::Test
       [200, { "content-type" => "text/plain" }, [env["PATH_INFO"]]]
     end
     with_ka_server(app: app, body_spill: 1024) do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       body = "GET /smuggled HTTP/1.1\r\n#{H}\r\n" * 3000
       client.write(post("/big", body) + good_request("/after"))
       assert_equal "/big", client.read_response.body
@@ -99,7 +99,7 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_head_response_has_no_body_and_the_connection_stays_usable
     with_ka_server do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write("HEAD /h HTTP/1.1\r\n#{H}\r\n#{good_request('/g')}")
       head = client.read_response(head_request: true)
       assert_equal "HTTP/1.1 200 OK", head.status_line
@@ -110,11 +110,11 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_http10_closes_by_default
     with_ka_server do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write("GET /old HTTP/1.0\r\n\r\n#{good_request('/never')}")
       resp = client.read_response
       assert_ok(resp, "/old")
-      refute_match(/keep-alive/i, resp["connection"].to_s)
+      refute_match(/keep-alive/i, resp.field("connection").to_s)
       assert_equal :eof, client.wait_close
       client.close
       assert_serves_fresh_request(port, @calls, prior: [%w[GET /old]])
@@ -123,11 +123,11 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_http10_keep_alive_when_asked
     with_ka_server do |server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write("GET /k1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
       resp = client.read_response
       assert_ok(resp, "/k1")
-      assert_equal "keep-alive", resp["connection"]
+      assert_equal "keep-alive", resp.field("connection")
       assert client.silent_for?(0.1), "connection stays open"
       client.write("GET /k2 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
       assert_equal "keep-alive", client.read_response["connection"]
@@ -142,11 +142,11 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_connection_close_is_honoured_and_later_pipelined_requests_are_dropped
     with_ka_server do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write("GET /last HTTP/1.1\r\n#{H}Connection: close\r\n\r\n#{good_request('/dropped')}")
       resp = client.read_response
       assert_ok(resp, "/last")
-      assert_equal "close", resp["connection"]
+      assert_equal "close", resp.field("connection")
       assert_equal :eof, client.wait_close
       client.close
       assert_serves_fresh_request(port, @calls, prior: [%w[GET /last]])
@@ -155,7 +155,7 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_connection_close_token_in_a_list
     with_ka_server do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write("GET /list HTTP/1.1\r\n#{H}Connection: foo, Close\r\n\r\n")
       assert_equal "close", client.read_response["connection"]
       assert_equal :eof, client.wait_close
@@ -168,13 +168,13 @@ class HTTPKeepaliveTest < Minitest::Test
       wire = good_request("/a") + post("/b", "bee") +
              "POST /bad HTTP/1.1\r\n#{H}Content-Length: 3\r\nContent-Length: 4\r\n\r\nabcd" +
              good_request("/c")
-      client = Client.new(port)
+      client = connect(port)
       client.write(wire)
       assert_ok(client.read_response, "/a")
       assert_ok(client.read_response, "/b", "bee")
       resp = client.read_response
       assert_equal "HTTP/1.1 400 Bad Request", resp.status_line
-      assert_equal "close", resp["connection"]
+      assert_equal "close", resp.field("connection")
       assert_equal :eof, client.wait_close
       client.close
       assert_serves_fresh_request(port, @calls, prior: [%w[GET /a], %w[POST /b]])
@@ -183,13 +183,13 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_framing_error_on_second_request_of_a_keepalive_connection
     with_ka_server do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write(good_request("/first"))
       assert_ok(client.read_response, "/first")
       client.write("GET /bad HTTP/1.1\r\n#{H}X-Bad\x00: 1\r\n\r\n#{good_request('/c')}")
       resp = client.read_response
       assert_equal "HTTP/1.1 400 Bad Request", resp.status_line
-      assert_equal "close", resp["connection"]
+      assert_equal "close", resp.field("connection")
       assert_equal :eof, client.wait_close
       client.close
       assert_serves_fresh_request(port, @calls, prior: [%w[GET /first]])
@@ -198,7 +198,7 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_max_keepalive_requests_closes_after_n
     with_ka_server(max_keepalive_requests: 3) do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write(good_request("/1") + good_request("/2") + good_request("/3") + good_request("/4"))
       r1 = client.read_response
       r2 = client.read_response
@@ -215,7 +215,7 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_expect_100_continue_before_the_body
     with_ka_server do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write("POST /ex HTTP/1.1\r\n#{H}Expect: 100-continue\r\nContent-Length: 11\r\n\r\n")
       interim = client.read_response
       assert_equal "HTTP/1.1 100 Continue", interim.status_line
@@ -233,7 +233,7 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_expect_100_continue_with_chunked_body
     with_ka_server do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write("POST /exc HTTP/1.1\r\n#{H}Expect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n")
       assert_equal "HTTP/1.1 100 Continue", client.read_response.status_line
       client.write("5\r\nhello\r\n0\r\n\r\n")
@@ -244,7 +244,7 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_no_100_continue_for_http10
     with_ka_server do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write("POST /ex10 HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
       assert client.silent_for?(0.2), "HTTP/1.0 clients get no 1xx"
       client.write("hello")
@@ -255,7 +255,7 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_two_hundred_pipelined_requests_in_one_write
     with_ka_server do |server, port|
-      client = Client.new(port)
+      client = connect(port)
       wire = (1..200).map { |i| i.even? ? post("/m#{i}", "b#{i}") : good_request("/m#{i}") }.join
       client.write(wire)
       (1..200).each do |i|
@@ -270,7 +270,7 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_http10_post_with_keep_alive
     with_ka_server do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write("POST /k HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 3\r\n\r\nabc" \
                    "GET /k2 HTTP/1.0\r\n\r\n")
       assert_ok(client.read_response, "/k", "abc")
@@ -282,13 +282,13 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_stalled_second_request_on_a_keepalive_connection_gets_408
     with_ka_server(read_timeout: 0.3, persistent_timeout: 10) do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write(good_request("/ok"))
       assert_ok(client.read_response, "/ok")
       client.write("GET /stalled HTTP/1.1\r\n#{H}") # never finished
       resp = client.read_response
       assert_equal "HTTP/1.1 408 Request Timeout", resp.status_line
-      assert_equal "close", resp["connection"]
+      assert_equal "close", resp.field("connection")
       assert_equal :eof, client.wait_close
       client.close
       assert_serves_fresh_request(port, @calls, prior: [%w[GET /ok]])
@@ -297,7 +297,7 @@ class HTTPKeepaliveTest < Minitest::Test
 
   def test_case_insensitive_framing_headers_on_a_kept_alive_connection
     with_ka_server do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write("POST /ci HTTP/1.1\r\nhOsT: example.test\r\ntransfer-encoding: CHUNKED\r\n\r\n" \
                    "3\r\nabc\r\n0\r\n\r\n" \
                    "POST /ci2 HTTP/1.1\r\n#{H}content-LENGTH: 2\r\n\r\nde")

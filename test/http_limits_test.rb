@@ -1,12 +1,12 @@
 # frozen_string_literal: true
 
 require "test_helper"
-require "support/raw_http"
+require "support/http_wire"
 
 # Size limits, timeouts, body spilling and the connection cap, configured
 # small through with_server options and driven over raw sockets.
 class HTTPLimitsTest < Minitest::Test
-  include Serval::TestHelpers::RawHTTP
+  include Serval::HttpWire
 
   H = "Host: example.test\r\n"
 
@@ -23,7 +23,7 @@ class HTTPLimitsTest < Minitest::Test
   def assert_answered_and_closed(client, port, status_line, prior: [])
     resp = client.read_response
     assert_equal status_line, resp.status_line
-    assert_equal "close", resp["connection"]
+    assert_equal "close", resp.field("connection")
     assert_equal :eof, client.wait_close
     client.close
     assert_serves_fresh_request(port, @calls, prior: prior)
@@ -45,14 +45,14 @@ class HTTPLimitsTest < Minitest::Test
   def test_414_request_line_over_max_request_line
     with_limits_server(max_request_line: 128) do |_server, port|
       target = "/#{'a' * 200}"
-      client = Client.new(port).write("GET #{target} HTTP/1.1\r\n#{H}\r\n")
+      client = connect(port).write("GET #{target} HTTP/1.1\r\n#{H}\r\n")
       assert_answered_and_closed(client, port, "HTTP/1.1 414 URI Too Long")
     end
   end
 
   def test_414_sent_before_the_request_line_ends
     with_limits_server(max_request_line: 128) do |_server, port|
-      client = Client.new(port).write("GET /#{'a' * 300}") # no CRLF yet
+      client = connect(port).write("GET /#{'a' * 300}") # no CRLF yet
       assert_answered_and_closed(client, port, "HTTP/1.1 414 URI Too Long")
     end
   end
@@ -61,7 +61,7 @@ class HTTPLimitsTest < Minitest::Test
     with_limits_server(max_request_line: 128) do |_server, port|
       line = "GET /#{'a' * (128 - 'GET / HTTP/1.1'.bytesize)} HTTP/1.1"
       assert_equal 128, line.bytesize
-      client = Client.new(port).write("#{line}\r\n#{H}\r\n")
+      client = connect(port).write("#{line}\r\n#{H}\r\n")
       assert_equal "HTTP/1.1 200 OK", client.read_response.status_line
       client.close
       assert_equal 1, drain_queue(@calls).size
@@ -72,14 +72,14 @@ class HTTPLimitsTest < Minitest::Test
 
   def test_431_head_over_max_head
     with_limits_server(max_head: 512) do |_server, port|
-      client = Client.new(port).write("GET / HTTP/1.1\r\n#{H}X-Big: #{'b' * 1000}\r\n\r\n")
+      client = connect(port).write("GET / HTTP/1.1\r\n#{H}X-Big: #{'b' * 1000}\r\n\r\n")
       assert_answered_and_closed(client, port, "HTTP/1.1 431 Request Header Fields Too Large")
     end
   end
 
   def test_431_for_an_incomplete_head_over_max_head
     with_limits_server(max_head: 512) do |_server, port|
-      client = Client.new(port).write("GET / HTTP/1.1\r\n#{H}#{"X-Pad: #{'p' * 50}\r\n" * 12}") # no blank line
+      client = connect(port).write("GET / HTTP/1.1\r\n#{H}#{"X-Pad: #{'p' * 50}\r\n" * 12}") # no blank line
       assert_answered_and_closed(client, port, "HTTP/1.1 431 Request Header Fields Too Large")
     end
   end
@@ -89,7 +89,7 @@ class HTTPLimitsTest < Minitest::Test
       prefix = "GET / HTTP/1.1\r\n#{H}X-Big: "
       head = "#{prefix}#{'b' * (512 - prefix.bytesize - 4)}\r\n\r\n"
       assert_equal 512, head.bytesize
-      client = Client.new(port).write(head)
+      client = connect(port).write(head)
       assert_equal "HTTP/1.1 200 OK", client.read_response.status_line
       client.close
       assert_equal 1, drain_queue(@calls).size
@@ -98,14 +98,14 @@ class HTTPLimitsTest < Minitest::Test
 
   def test_431_too_many_header_fields
     with_limits_server(max_headers: 4) do |_server, port|
-      client = Client.new(port).write("GET / HTTP/1.1\r\n#{H}#{(1..4).map { |i| "X-H#{i}: #{i}\r\n" }.join}\r\n")
+      client = connect(port).write("GET / HTTP/1.1\r\n#{H}#{(1..4).map { |i| "X-H#{i}: #{i}\r\n" }.join}\r\n")
       assert_answered_and_closed(client, port, "HTTP/1.1 431 Request Header Fields Too Large")
     end
   end
 
   def test_max_headers_fields_are_accepted
     with_limits_server(max_headers: 4) do |_server, port|
-      client = Client.new(port).write("GET / HTTP/1.1\r\n#{H}#{(1..3).map { |i| "X-H#{i}: #{i}\r\n" }.join}\r\n")
+      client = connect(port).write("GET / HTTP/1.1\r\n#{H}#{(1..3).map { |i| "X-H#{i}: #{i}\r\n" }.join}\r\n")
       assert_equal "HTTP/1.1 200 OK", client.read_response.status_line
       client.close
       assert_equal 1, drain_queue(@calls).size
@@ -114,7 +114,7 @@ class HTTPLimitsTest < Minitest::Test
 
   def test_431_while_the_client_keeps_sending_an_endless_head
     with_limits_server(max_head: 1024) do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       stop = Queue.new
       writer = Thread.new do
         client.write("GET / HTTP/1.1\r\n#{H}")
@@ -133,7 +133,7 @@ class HTTPLimitsTest < Minitest::Test
       resp = client.read_response
       stop << true
       assert_equal "HTTP/1.1 431 Request Header Fields Too Large", resp.status_line
-      assert_equal "close", resp["connection"]
+      assert_equal "close", resp.field("connection")
       assert_operator writer.value, :<, 32 << 20, "the answer came only after the client gave up"
       assert_equal :eof, client.wait_close
       client.close
@@ -145,14 +145,14 @@ class HTTPLimitsTest < Minitest::Test
 
   def test_413_content_length_over_max_body_answered_before_the_body
     with_limits_server(max_body: 100) do |_server, port|
-      client = Client.new(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 101\r\n\r\n") # no body sent
+      client = connect(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 101\r\n\r\n") # no body sent
       assert_answered_and_closed(client, port, "HTTP/1.1 413 Content Too Large")
     end
   end
 
   def test_413_with_expect_continue_sends_no_100
     with_limits_server(max_body: 100) do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write("POST / HTTP/1.1\r\n#{H}Expect: 100-continue\r\nContent-Length: 1000\r\n\r\n")
       resp = assert_answered_and_closed(client, port, "HTTP/1.1 413 Content Too Large")
       refute_match(/100 Continue/, resp.raw)
@@ -162,7 +162,7 @@ class HTTPLimitsTest < Minitest::Test
   def test_body_of_exactly_max_body_is_served
     with_limits_server(max_body: 100) do |_server, port|
       body = "x" * 100
-      client = Client.new(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 100\r\n\r\n#{body}")
+      client = connect(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 100\r\n\r\n#{body}")
       resp = client.read_response
       assert_equal "HTTP/1.1 200 OK", resp.status_line
       assert_equal "ok / 100 #{Digest::SHA256.hexdigest(body)}", resp.body
@@ -172,7 +172,7 @@ class HTTPLimitsTest < Minitest::Test
 
   def test_413_chunked_body_growing_over_max_body
     with_limits_server(max_body: 100) do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write("POST / HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n3c\r\n#{'a' * 60}\r\n")
       assert client.silent_for?(0.2), "60 bytes are within max_body; no answer yet"
       client.write("3c\r\n#{'b' * 60}\r\n0\r\n\r\n")
@@ -182,7 +182,7 @@ class HTTPLimitsTest < Minitest::Test
 
   def test_413_single_huge_chunk_answered_before_it_is_all_sent
     with_limits_server(max_body: 100) do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write("POST / HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n100000\r\n#{'c' * 150}")
       assert_answered_and_closed(client, port, "HTTP/1.1 413 Content Too Large")
     end
@@ -191,7 +191,7 @@ class HTTPLimitsTest < Minitest::Test
   def test_chunked_body_of_exactly_max_body_is_served
     with_limits_server(max_body: 100) do |_server, port|
       body = "d" * 100
-      client = Client.new(port)
+      client = connect(port)
       client.write("POST / HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n#{chunked(body, -> { 30 })}")
       resp = client.read_response
       assert_equal "HTTP/1.1 200 OK", resp.status_line
@@ -217,7 +217,7 @@ class HTTPLimitsTest < Minitest::Test
       [200, { "content-type" => "text/plain" }, ["got #{total}"]]
     end
     with_limits_server(app: app) do |_server, port|
-      client = Client.new(port).write("POST /upload HTTP/1.1\r\n#{H}Content-Length: #{size}\r\n\r\n")
+      client = connect(port).write("POST /upload HTTP/1.1\r\n#{H}Content-Length: #{size}\r\n\r\n")
       block = "u".b * (1 << 20)
       120.times { client.write(block) }
       resp = client.read_response(timeout: 30)
@@ -233,7 +233,7 @@ class HTTPLimitsTest < Minitest::Test
     err = Serval::WatchedIO.new
     log = Serval::LogWriter.new(stdout: StringIO.new, stderr: err)
     with_limits_server(max_body: 1000, log_writer: log) do |_server, port|
-      client = Client.new(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 1001\r\n\r\n")
+      client = connect(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 1001\r\n\r\n")
       assert_answered_and_closed(client, port, "HTTP/1.1 413 Content Too Large")
       err.wait_for(/serval: error response 413 Content Too Large peer=127\.0\.0\.1 reason="request body too large"/)
     end
@@ -243,7 +243,7 @@ class HTTPLimitsTest < Minitest::Test
 
   def test_408_stalled_partial_head
     with_limits_server(read_timeout: 0.3) do |_server, port|
-      client = Client.new(port).write("GET / HTTP/1.1\r\n#{H}") # head never finished
+      client = connect(port).write("GET / HTTP/1.1\r\n#{H}") # head never finished
       started = now
       assert_answered_and_closed(client, port, "HTTP/1.1 408 Request Timeout")
       assert_operator now - started, :>=, 0.25
@@ -252,14 +252,14 @@ class HTTPLimitsTest < Minitest::Test
 
   def test_408_stalled_content_length_body
     with_limits_server(read_timeout: 0.3) do |_server, port|
-      client = Client.new(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 10\r\n\r\nabc")
+      client = connect(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 10\r\n\r\nabc")
       assert_answered_and_closed(client, port, "HTTP/1.1 408 Request Timeout")
     end
   end
 
   def test_408_stalled_chunked_body
     with_limits_server(read_timeout: 0.3) do |_server, port|
-      client = Client.new(port).write("POST / HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n5\r\nab")
+      client = connect(port).write("POST / HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n5\r\nab")
       assert_answered_and_closed(client, port, "HTTP/1.1 408 Request Timeout")
     end
   end
@@ -268,7 +268,7 @@ class HTTPLimitsTest < Minitest::Test
   # min_body_rate's business, off here: test/connection_exhaustion_test.rb)
   def test_slow_but_steady_body_is_not_timed_out
     with_limits_server(read_timeout: 0.3, min_body_rate: 0) do |_server, port|
-      client = Client.new(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 6\r\n\r\n")
+      client = connect(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 6\r\n\r\n")
       # each byte arrives within read_timeout of the previous one; the total
       # takes longer than read_timeout
       6.times do |i|
@@ -284,7 +284,7 @@ class HTTPLimitsTest < Minitest::Test
 
   def test_connection_without_data_closed_silently_after_first_data_timeout
     with_limits_server(first_data_timeout: 0.3) do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       started = now
       assert_equal :eof, client.wait_close
       assert_operator now - started, :>=, 0.25
@@ -296,10 +296,10 @@ class HTTPLimitsTest < Minitest::Test
 
   def test_idle_keepalive_connection_closed_silently_after_persistent_timeout
     with_limits_server(persistent_timeout: 0.3) do |_server, port|
-      client = Client.new(port).write(good_request("/one"))
+      client = connect(port).write(good_request("/one"))
       resp = client.read_response
       assert_equal "HTTP/1.1 200 OK", resp.status_line
-      assert_nil resp["connection"], "kept alive"
+      assert_nil resp.field("connection"), "kept alive"
       started = now
       assert_equal :eof, client.wait_close
       assert_operator now - started, :>=, 0.25
@@ -314,7 +314,7 @@ class HTTPLimitsTest < Minitest::Test
   def test_body_over_body_spill_arrives_intact
     with_limits_server(body_spill: 1024) do |_server, port|
       body = Random.new(1).bytes(200_000)
-      client = Client.new(port).write("POST /up HTTP/1.1\r\n#{H}Content-Length: #{body.bytesize}\r\n\r\n")
+      client = connect(port).write("POST /up HTTP/1.1\r\n#{H}Content-Length: #{body.bytesize}\r\n\r\n")
       client.write(body)
       resp = client.read_response
       assert_equal "HTTP/1.1 200 OK", resp.status_line
@@ -338,7 +338,7 @@ class HTTPLimitsTest < Minitest::Test
   end
 
   def post_body(port, body)
-    client = Client.new(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: #{body.bytesize}\r\n\r\n#{body}")
+    client = connect(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: #{body.bytesize}\r\n\r\n#{body}")
     assert_equal "HTTP/1.1 200 OK", client.read_response.status_line
     client.close
   end
@@ -363,7 +363,7 @@ class HTTPLimitsTest < Minitest::Test
       post_body(port, "a" * 1024)
       assert_equal StringIO, seen.pop[:class], "a body of body_spill bytes stays in memory"
       # sent in two writes so the loop reads it in parts, not in place
-      client = Client.new(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 1025\r\n\r\n")
+      client = connect(port).write("POST / HTTP/1.1\r\n#{H}Content-Length: 1025\r\n\r\n")
       assert client.silent_for?(0.05)
       client.write("a" * 1025)
       assert_equal "HTTP/1.1 200 OK", client.read_response.status_line
@@ -379,7 +379,7 @@ class HTTPLimitsTest < Minitest::Test
       rng = Random.new(3)
       body = rng.bytes(300_000)
       wire = chunked(body, -> { rng.rand(1..20_000) })
-      client = Client.new(port).write("POST /chunks HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n")
+      client = connect(port).write("POST /chunks HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n")
       until wire.empty?
         client.write(wire.slice!(0, rng.rand(1..9000)))
       end
@@ -395,7 +395,7 @@ class HTTPLimitsTest < Minitest::Test
       body = "The quick brown fox\r\njumps over 0\r\n\r\n the lazy dog"
       wire = "POST /bytes HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n" \
              "#{chunked(body, [3, 1, 7, 20, 2, 100].cycle.method(:next))}"
-      client = Client.new(port)
+      client = connect(port)
       wire.each_char { |ch| client.write(ch) }
       resp = client.read_response
       assert_equal "HTTP/1.1 200 OK", resp.status_line
@@ -410,12 +410,12 @@ class HTTPLimitsTest < Minitest::Test
   # keep-alive connections: the one idle longest is closed to make room.
   def test_max_connections_makes_room_by_closing_the_longest_idle_connection
     with_limits_server(max_connections: 2, max_threads: 2) do |server, port|
-      first = Client.new(port).write(good_request("/c1"))
+      first = connect(port).write(good_request("/c1"))
       assert_equal "HTTP/1.1 200 OK", first.read_response.status_line
-      second = Client.new(port).write(good_request("/c2"))
+      second = connect(port).write(good_request("/c2"))
       assert_equal "HTTP/1.1 200 OK", second.read_response.status_line
       sleep 0.3 # both idle longer than SV_EVICT_MIN_AGE (0.25 s); first the longest
-      third = Client.new(port).write(good_request("/c3"))
+      third = connect(port).write(good_request("/c3"))
       resp = third.read_response
       assert_equal "HTTP/1.1 200 OK", resp.status_line
       assert_match(%r{\Aok /c3 }, resp.body)
@@ -429,7 +429,7 @@ class HTTPLimitsTest < Minitest::Test
 
   def test_431_chunked_trailer_section_over_max_head
     with_limits_server(max_head: 512) do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       client.write("POST / HTTP/1.1\r\n#{H}Transfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n" \
                    "X-Trailer: #{'t' * 1000}\r\n\r\n")
       assert_answered_and_closed(client, port, "HTTP/1.1 431 Request Header Fields Too Large")
@@ -452,7 +452,7 @@ class HTTPLimitsTest < Minitest::Test
       opts = { app: app, write_timeout: 0.3, output_buffer: 65_536, max_threads: 2 }
       opts[:max_spill] = max_spill if max_spill
       with_limits_server(**opts) do |server, port|
-        client = Client.new(port)
+        client = connect(port)
         client.write(good_request("/huge"))
         error = finished.pop # the client reads nothing meanwhile
         assert_kind_of outcome, error, "max_spill #{max_spill.inspect}"
@@ -469,7 +469,7 @@ class HTTPLimitsTest < Minitest::Test
         end
         assert_operator got, :<, size, "the connection was cut, not completed"
         client.close
-        fresh = Client.new(port).write(good_request("/after"))
+        fresh = connect(port).write(good_request("/after"))
         assert_equal "HTTP/1.1 200 OK", fresh.read_response.status_line
         fresh.close
       end
@@ -479,10 +479,10 @@ class HTTPLimitsTest < Minitest::Test
   def test_max_connections_slot_freed_when_the_server_closes_after_a_response
     with_limits_server(max_connections: 1) do |_server, port|
       3.times do |i|
-        client = Client.new(port).write("GET /close#{i} HTTP/1.1\r\n#{H}Connection: close\r\n\r\n")
+        client = connect(port).write("GET /close#{i} HTTP/1.1\r\n#{H}Connection: close\r\n\r\n")
         resp = client.read_response
         assert_equal "HTTP/1.1 200 OK", resp.status_line
-        assert_equal "close", resp["connection"]
+        assert_equal "close", resp.field("connection")
         assert_equal :eof, client.wait_close
         client.close
       end

@@ -5,6 +5,7 @@ require "json"
 require "tmpdir"
 require "support/watched_io"
 require "support/subprocess_server"
+require "support/http_wire"
 require "serval/prometheus"
 
 # Load shedding (max_queue_time, docs/tuning.md "Load shedding"): a request
@@ -14,6 +15,7 @@ require "serval/prometheus"
 # arithmetic, fed simulated timings, is tested in test/c/test_shed.c.)
 class LoadSheddingTest < Minitest::Test
   include Serval::SubprocessHelpers
+  include Serval::HttpWire
 
   TOKEN = "shed-token"
 
@@ -32,25 +34,14 @@ class LoadSheddingTest < Minitest::Test
   end
 
   def send_get(port, path)
-    TCPSocket.new("127.0.0.1", port).tap { |s| s.write("GET #{path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n") }
+    connect(port).write("GET #{path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
   end
 
   # Everything the server sends until it closes (connection: close).
-  def read_all(sock, timeout: 10)
-    out = +""
-    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
-    loop do
-      left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      break if left <= 0 || !sock.wait_readable(left)
-
-      chunk = sock.read_nonblock(4096, exception: false)
-      break if chunk.nil?
-
-      out << chunk unless chunk == :wait_readable
-    end
-    out
+  def read_all(client, timeout: 10)
+    client.read_all(timeout: timeout)
   ensure
-    sock.close
+    client.close
   end
 
   # With the only thread held: sends GET / on new connections, each given
@@ -61,7 +52,7 @@ class LoadSheddingTest < Minitest::Test
     pending = []
     attempts.times do
       sock = send_get(port, "/")
-      return [read_all(sock), pending] if sock.wait_readable(wait)
+      return [read_all(sock), pending] unless sock.silent_for?(wait)
 
       pending << sock
     end
@@ -104,6 +95,48 @@ class LoadSheddingTest < Minitest::Test
       pending.each { |sock| assert_match(%r{\AHTTP/1\.1 200 .*ok\n\z}m, read_all(sock)) }
       assert_equal 1, server.stats[:requests_shed]
       assert_equal 1 + pending.size, server.stats[:requests_count]
+    end
+  end
+
+  # With thread polls in effect (Ruby 3.3: the request thread reads the
+  # requests between requests while the loop parks, ext/serval/polls.c):
+  # sixteen keep-alive clients keep a single thread busy with requests of a
+  # millisecond of CPU, so the queue's predicted wait passes a 2 ms budget.
+  # The decisions are taken in the thread's own rounds too; every request is
+  # answered, 200 or the core's 503, and the counts add up.
+  def test_sheds_while_request_threads_poll
+    hook = Serval::Native::GVL.respond_to?(:supported?) && Serval::Native::GVL.supported?
+    burn = lambda do |_env|
+      stop = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + 0.001
+      nil while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < stop
+      [200, { "content-type" => "text/plain" }, ["ok\n"]]
+    end
+    client_class = Serval::HttpWire::Client
+    with_server(burn, min_threads: 1, max_threads: 1, max_queue_time: 0.002) do |server, port|
+      answers = Queue.new
+      Array.new(16) do
+        Thread.new do
+          client = client_class.new(port)
+          40.times do
+            r = client.write("GET / HTTP/1.1\r\nhost: x\r\n\r\n").read_response
+            answers << [r.status, r.status == 503 ? r["retry-after"] : r.body]
+            next unless r["connection"] == "close"
+
+            client.close
+            client = client_class.new(port)
+          end
+          client.close
+        end
+      end.each(&:join)
+      seen = Array.new(answers.size) { answers.pop }
+      assert_equal 16 * 40, seen.size
+      assert_empty seen.uniq - [[200, "ok\n"], [503, "1"]]
+      stats = server.stats
+      assert_equal hook, stats[:thread_polls]
+      assert_equal seen.count { |st, _| st == 503 }, stats[:requests_shed]
+      assert_operator stats[:requests_shed], :>, 0, "sixteen requests of 1 ms queued for one thread: some wait past 2 ms"
+      assert_equal seen.count { |st, _| st == 200 }, stats[:requests_count]
+      assert_operator stats[:polled_rounds], :>, 0 if hook
     end
   end
 
@@ -203,7 +236,7 @@ class LoadSheddingTest < Minitest::Test
           first = unix_send("#{dir}/#{sock}", path)
           launcher.entered.pop
           launcher.blocking = false
-          behind = Array.new(3) { unix_send("#{dir}/#{sock}", path).tap { |s| refute s.wait_readable(0.3), "#{sock}: answered while its thread was busy" } }
+          behind = Array.new(3) { unix_send("#{dir}/#{sock}", path).tap { |s| assert s.silent_for?(0.3), "#{sock}: answered while its thread was busy" } }
           launcher.gate << true
           [first, *behind].each { |s| assert_match(%r{\AHTTP/1\.1 200 }, read_all(s), sock) }
         end
@@ -277,7 +310,7 @@ class LoadSheddingTest < Minitest::Test
   private
 
   def unix_send(path, request_path)
-    UNIXSocket.new(path).tap { |s| s.write("GET #{request_path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n") }
+    connect(UNIXSocket.new(path)).write("GET #{request_path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
   end
 
   def unix_get(request_path, path)

@@ -212,40 +212,24 @@ class ProxyTest < Minitest::Test
 
   # One request through the proxy; [status, body].
   def get(port, path)
-    socket = TCPSocket.new("127.0.0.1", port)
-    socket.write("GET #{path} HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n")
-    raw = read_all(socket)
-    head, body = raw.split("\r\n\r\n", 2)
-    body = dechunk(body) if head.match?(/^transfer-encoding: chunked/i)
-    [head[%r{\AHTTP/1\.[01] (\d{3})}, 1].to_i, body]
+    client = Serval::HttpWire::Client.new(port, timeout: 15)
+    res = client.write("GET #{path} HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n").read_response
+    assert_equal :eof, client.wait_close, "closed after the response (connection: close)"
+    [res.status, res.body]
   ensure
-    socket&.close
-  end
-
-  def dechunk(data)
-    out = +""
-    until data.empty?
-      size_line, data = data.split("\r\n", 2)
-      size = size_line.to_i(16)
-      break if size.zero?
-
-      out << data.byteslice(0, size)
-      data = data.byteslice(size + 2..)
-    end
-    out
+    client&.close
   end
 
   # Unlabelled samples of the metrics listener: name => value.
   def scrape
-    socket = TCPSocket.new("127.0.0.1", @metrics_port)
-    socket.write("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    body = read_all(socket).split("\r\n\r\n", 2).last
+    client = Serval::HttpWire::Client.new(@metrics_port, timeout: 15)
+    body = client.write("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").read_response.body
     body.lines.grep_v(/\A#/).filter_map do |line|
       name, value = line.split
       [name, value.include?(".") ? value.to_f : value.to_i] unless name.include?("{")
     end.to_h
   ensure
-    socket&.close
+    client&.close
   end
 
   # Polls /metrics (another process's state: nothing to wait on) until the

@@ -1,9 +1,9 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "support/http_wire"
 require_relative "support/subprocess_server"
 require "tmpdir"
-require "net/http"
 require "serval/dsl"
 require "serval/idle_timeout"
 
@@ -11,6 +11,7 @@ require "serval/idle_timeout"
 # config file calling every Puma 8 method booting under serval.
 class PumaDSLTest < Minitest::Test
   include Serval::TestHelpers
+  include Serval::HttpWire
   FIXTURE = File.expand_path("fixtures/puma_every_option.rb", __dir__)
 
   def setup
@@ -187,7 +188,7 @@ class PumaDSLTest < Minitest::Test
     log = File.join(server.dir, "log/stdout.log")
     port = wait_file(log, %r{Listening on http://127\.0\.0\.1:(\d+)}, server)[1].to_i
     wait_file(log, /every-option: booted/, server) # the lead's after_booted
-    assert_equal "hello\n", Net::HTTP.get(URI("http://127.0.0.1:#{port}/"))
+    assert_equal "hello\n", http(port, good_request("/")).body
     assert_match(/\[app\] Serval .* starting in cluster mode/, File.read(log))
     wait_file(File.join(server.dir, "tmp/serval.state"), /pid:/, server)
     assert_equal 0o640, File.stat(File.join(server.dir, "tmp/serval.state")).mode & 0o777

@@ -2,14 +2,14 @@
 
 require "test_helper"
 require "ipaddr"
-require "support/raw_http"
+require "support/http_wire"
 require "serval/dsl"
 
 # set_remote_address (Puma's): REMOTE_ADDR from the socket, a fixed value, a
 # request header, or the PROXY protocol header (v1 text, v2 binary) each
 # connection must start with. In-process servers on port 0, raw sockets.
 class RemoteAddressTest < Minitest::Test
-  include Serval::TestHelpers::RawHTTP
+  include Serval::HttpWire
 
   GET = "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
   LIMITS = Serval::Native::Core::REMOTE_LIMITS
@@ -33,7 +33,7 @@ class RemoteAddressTest < Minitest::Test
 
   # The REMOTE_ADDR the app saw for bytes sent on a new connection.
   def remote_for(port, bytes)
-    client = Client.new(port).write(bytes)
+    client = connect(port).write(bytes)
     resp = client.read_response
     assert_equal 200, resp.status, resp.raw
     resp.body
@@ -56,11 +56,11 @@ class RemoteAddressTest < Minitest::Test
 
   # Answered 400 (or closed) at once, the app never called.
   def assert_refused(port, bytes, status: 400)
-    client = Client.new(port).write(bytes)
+    client = connect(port).write(bytes)
     started = now
     resp = client.read_response
     assert_equal status, resp.status, resp.raw
-    assert_equal "close", resp["connection"]
+    assert_equal "close", resp.field("connection")
     assert_operator now - started, :<, 2.0, "answered at once"
     assert_includes %i[eof reset], client.wait_close
     assert_empty @calls
@@ -88,7 +88,7 @@ class RemoteAddressTest < Minitest::Test
 
   def test_header_first_element_else_the_socket
     serve({ header: "X-Forwarded-For" }) do |_s, port|
-      client = Client.new(port)
+      client = connect(port)
       ask = lambda do |extra|
         client.write("GET / HTTP/1.1\r\nHost: x\r\n#{extra}\r\n")
         client.read_response.body
@@ -117,7 +117,7 @@ class RemoteAddressTest < Minitest::Test
 
   def test_v1_holds_for_every_request_of_the_connection
     serve({ proxy_protocol: :v1 }) do |_s, port|
-      client = Client.new(port).write("PROXY TCP4 203.0.113.7 10.0.0.1 51234 80\r\n")
+      client = connect(port).write("PROXY TCP4 203.0.113.7 10.0.0.1 51234 80\r\n")
       3.times do
         client.write(GET)
         assert_equal "203.0.113.7", client.read_response.body
@@ -217,7 +217,7 @@ class RemoteAddressTest < Minitest::Test
     serve({ proxy_protocol: :any }) do |_s, port|
       [("PROXY TCP4 203.0.113.7 10.0.0.1 51234 80\r\n#{GET}"), v2_tcp6("2001:db8::42") + GET].each do |bytes|
         @calls.clear
-        client = Client.new(port)
+        client = connect(port)
         # byte by byte through the header (each write its own segment:
         # TCP_NODELAY, and the server reads between them)
         header_len = bytes.index("GET")
@@ -231,7 +231,7 @@ class RemoteAddressTest < Minitest::Test
         client.close
       end
       # the header and the request's first bytes in one packet, the rest later
-      client = Client.new(port).write("PROXY TCP4 203.0.113.8 10.0.0.1 1 80\r\nGET / HT")
+      client = connect(port).write("PROXY TCP4 203.0.113.8 10.0.0.1 1 80\r\nGET / HT")
       sleep 0.02
       client.write("TP/1.1\r\nHost: x\r\n\r\n")
       assert_equal "203.0.113.8", client.read_response.body
@@ -241,15 +241,15 @@ class RemoteAddressTest < Minitest::Test
 
   def test_slow_or_absent_header_is_closed_after_first_data_timeout
     serve({ proxy_protocol: :v1 }, first_data_timeout: 0.3, read_timeout: 30.0) do |_s, port|
-      partial = Client.new(port).write("PROXY TCP4 203.0.1")
-      silent = Client.new(port)
+      partial = connect(port).write("PROXY TCP4 203.0.1")
+      silent = connect(port)
       started = now
       assert_equal :eof, partial.wait_close(timeout: 5), "closed without an answer (no request began)"
       assert_equal :eof, silent.wait_close(timeout: 5)
       assert_operator now - started, :<, 3.0
       assert_operator now - started, :>=, 0.25
       # the header's first byte does not give it read_timeout: still first_data_timeout
-      trickle = Client.new(port)
+      trickle = connect(port)
       started = now
       "PROXY TCP4 203.0.113.7".each_char do |ch|
         trickle.write(ch)
@@ -260,7 +260,7 @@ class RemoteAddressTest < Minitest::Test
       assert_includes %i[eof reset], trickle.wait_close(timeout: 5)
       assert_operator now - started, :<, 3.0
       # after a whole header, the first request gets a first_data_timeout of its own
-      after = Client.new(port).write("PROXY TCP4 203.0.113.7 10.0.0.1 51234 80\r\n")
+      after = connect(port).write("PROXY TCP4 203.0.113.7 10.0.0.1 51234 80\r\n")
       assert_equal :eof, after.wait_close(timeout: 5)
       assert_empty @calls
       [partial, silent, trickle, after].each(&:close)

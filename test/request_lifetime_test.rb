@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require_relative "support/http_wire"
 require "socket"
 require "serval/serval_ext"
 
@@ -16,29 +17,26 @@ class RequestLifetimeTest < Minitest::Test
     core = Serval::Native::Core.new({})
     core.listen(listener.fileno, "127.0.0.1", port)
     core.start
-    client = TCPSocket.new("127.0.0.1", port)
-    client.write("GET /left HTTP/1.1\r\nHost: t\r\n\r\n")
+    client = Serval::HttpWire::Client.new(port).write("GET /left HTTP/1.1\r\nHost: t\r\n\r\n")
     taken = Queue.new
     Thread.new { taken << core.next(5).object_id }.join(10) # the Request is dropped with the thread
     refute_nil taken.pop
-    reader = Thread.new { client.read } # nothing was answered: EOF once the GC ended it
+    closed = :timeout # nothing was answered: EOF (no byte) once the GC ended it
     100.times do
       GC.start(full_mark: true, immediate_sweep: true)
-      break if reader.join(0.1)
+      break unless (closed = client.wait_close(timeout: 0.1)) == :timeout
     end
-    assert reader.join(1), "the connection of the collected request is still open"
-    assert_equal "", reader.value
+    closed = client.wait_close(timeout: 1) if closed == :timeout
+    assert_equal :eof, closed, "the connection of the collected request is still open, or was answered"
     # the core still serves: a second connection's request is taken and answered
-    other = TCPSocket.new("127.0.0.1", port)
-    other.write("GET /next HTTP/1.1\r\nHost: t\r\n\r\n")
+    other = Serval::HttpWire::Client.new(port).write("GET /next HTTP/1.1\r\nHost: t\r\n\r\n")
     request = core.next(5)
     env = request.env({}.freeze)
     assert_equal "/next", env["PATH_INFO"]
     assert request.respond(200, { "content-type" => "text/plain" }, ["ok"])
     request.finish
-    assert_match(/\AHTTP\/1.1 200 OK\r\n.*\r\n\r\nok\z/m, other.readpartial(4096))
+    assert_match(/\AHTTP\/1.1 200 OK\r\n.*\r\n\r\nok\z/m, other.read_response.raw)
   ensure
-    reader&.kill
     client&.close
     other&.close
     core&.shutdown(1)

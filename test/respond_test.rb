@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require "test_helper"
-require "support/raw_http"
+require "support/http_wire"
 
 # Request#respond (ext/serval/request.c): a plain Array body of Strings is
 # written by one C call; every other body, and a response with a rack.hijack
@@ -9,7 +9,7 @@ require "support/raw_http"
 # Rack::Lint here (it wraps every body, so the fast path never runs under it).
 # Also Request#env's fallback for a template without the per-request keys.
 class RespondTest < Minitest::Test
-  include Serval::TestHelpers::RawHTTP
+  include Serval::HttpWire
 
   H = "Host: example.test\r\n"
 
@@ -56,7 +56,7 @@ class RespondTest < Minitest::Test
 
   def with_client(app = self.app)
     with_server(app, lint: false) do |_server, port|
-      client = Client.new(port)
+      client = connect(port)
       yield client, port
     ensure
       client&.close
@@ -66,17 +66,17 @@ class RespondTest < Minitest::Test
   def test_array_bodies_on_one_keep_alive_connection
     with_client do |client|
       r = client.write(get("/chunks")).read_response
-      assert_equal [200, "5", "abcde"], [r.status, r["content-length"], r.body]
+      assert_equal [200, "5", "abcde"], [r.status, r.field("content-length"), r.body]
       r = client.write(get("/empty")).read_response
-      assert_equal [200, "0", ""], [r.status, r["content-length"], r.body]
+      assert_equal [200, "0", ""], [r.status, r.field("content-length"), r.body]
       r = client.write(get("/frozen")).read_response
       assert_equal [200, "frozen"], [r.status, r.body]
       r = client.write(get("/sub")).read_response # an Array subclass: ResponseWriter
-      assert_equal [200, "8", "subclass"], [r.status, r["content-length"], r.body]
+      assert_equal [200, "8", "subclass"], [r.status, r.field("content-length"), r.body]
       r = client.write(get("/chunks", method: "HEAD")).read_response(head_request: true)
-      assert_equal [200, "5", ""], [r.status, r["content-length"], r.body]
+      assert_equal [200, "5", ""], [r.status, r.field("content-length"), r.body]
       r = client.write(get("/nocontent")).read_response
-      assert_equal [204, nil], [r.status, r["content-length"]]
+      assert_equal [204, nil], [r.status, r.field("content-length")]
       assert_equal "other /after", client.write(get("/after")).read_response.body
     end
   end
@@ -88,10 +88,10 @@ class RespondTest < Minitest::Test
     with_client do |client|
       r = client.write(get("/lenient")).read_response
       assert_equal [201, [""], ["7"], ["2"], "ok"],
-                   [r.status, r.headers.select { |k, _| k == "x-respond-nil" }.map(&:last), [r["x-respond-int"]],
-                    [r["content-length"]], r.body]
+                   [r.status, r.headers.select { |k, _| k == "x-respond-nil" }.map(&:last), [r.field("x-respond-int")],
+                    [r.field("content-length")], r.body]
       r = client.write(get("/refused")).read_response
-      assert_equal [500, nil], [r.status, r["x-respond-first"]]
+      assert_equal [500, nil], [r.status, r.field("x-respond-first")]
       assert_equal "other /after", client.write(get("/after")).read_response.body
     end
   end

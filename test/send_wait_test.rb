@@ -1,9 +1,9 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "support/http_wire"
 require_relative "support/subprocess_server"
 require_relative "support/cpu_rivals"
-require "net/http"
 require "socket"
 require "tmpdir"
 
@@ -18,6 +18,7 @@ require "tmpdir"
 # at a time; requests that only sleep make no sends.
 class SendWaitTest < Minitest::Test
   include Serval::SubprocessHelpers
+  include Serval::HttpWire
   include Serval::CpuRivals
 
   APP = <<~RUBY
@@ -72,14 +73,14 @@ class SendWaitTest < Minitest::Test
   end
 
   def get(port, path)
-    Net::HTTP.start("127.0.0.1", port, open_timeout: 5, read_timeout: 20) { |h| h.get(path) }
+    http(port, good_request(path, host: "127.0.0.1"), timeout: 20)
   end
 
   # idle_wait's 6 figures and the sends counted [answered, in], over n
   # requests to path, four at a time
   def serve(port, path, n)
     before = figures(port)
-    Array.new(4) { Thread.new { (n / 4).times { assert_equal "200", get(port, path).code } } }.each { |t| t.join(60) }
+    Array.new(4) { Thread.new { (n / 4).times { assert_equal 200, get(port, path).status } } }.each { |t| t.join(60) }
     figures(port).zip(before).map { |a, b| a - b }
   end
 
@@ -88,7 +89,7 @@ class SendWaitTest < Minitest::Test
   # The loop's dispatch (--no-thread-polls): four threads contend for the GVL
   # around their sends, the case measured here. Thread polls leave queued
   # requests to the running thread, so such waits get rare (this test failed
-  # 1 run in 8 with it, 0 in 10 without; docs/tuning.md "Limits").
+  # 1 run in 8 with it, 0 in 10 without; bench/NOTES.md "Limits of the model").
   def test_a_preempted_send_keeps_its_wait_in_the_io
     server = spawn_server(command: pinned_serval("-t", "4", "--no-thread-polls", "config.ru"), files: { "config.ru" => APP },
                           env: { "SEND_WAIT_PEER" => File.join(@dir, "peer.sock") })

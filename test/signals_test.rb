@@ -2,11 +2,13 @@
 
 require_relative "test_helper"
 require "support/subprocess_server"
+require "support/http_wire"
 require "serval/signals"
 
 # Every signal of docs/signals.md against the real executable.
 class SignalsTest < Minitest::Test
   include Serval::SubprocessHelpers
+  include Serval::HttpWire
 
   APP = <<~'RUBY'
     run lambda { |env|
@@ -20,10 +22,6 @@ class SignalsTest < Minitest::Test
     }
   RUBY
 
-  def setup
-    require "net/http"
-  end
-
   def cluster(extra = "", workers: 2, args: [])
     config = "bind 'tcp://127.0.0.1:0'\nthreads 1, 2\nworkers #{workers}\n#{extra}"
     spawn_server(["-C", "c.rb", *args], files: { "config.ru" => APP, "c.rb" => config }).boot
@@ -34,7 +32,7 @@ class SignalsTest < Minitest::Test
   end
 
   def get(port, query = "")
-    Net::HTTP.get_response(URI("http://127.0.0.1:#{port}/?#{query}"))
+    http(port, good_request("/?#{query}", host: "127.0.0.1"), timeout: 10)
   end
 
   # A request the app is in (it sleeps seconds); the thread's value is the
@@ -55,7 +53,7 @@ class SignalsTest < Minitest::Test
     slow = Thread.new { get(server.port, "sleep=0.5") }
     server.wait_for(/app: sleeping 0.5/) # the request is in the app
     server.signal("TERM")
-    assert_equal "200", slow.value.code
+    assert_equal 200, slow.value.status
     assert server.wait(10)
     assert server.status.success?, server.logs
     assert_includes server.stdout, "- Gracefully stopping"
@@ -91,7 +89,7 @@ class SignalsTest < Minitest::Test
     server.signal("TTOU")
     server.wait_for(/- Stopping worker 2 \(PID: \d+\)/)
     server.wait_for(/- Workers: 2/)
-    assert_equal "200", get(server.port).code
+    assert_equal 200, get(server.port).status
   end
 
   # worker_culling_strategy :oldest: TTOU stops the worker that has run
@@ -102,13 +100,13 @@ class SignalsTest < Minitest::Test
     server.signal("TTOU")
     server.wait_for(/- Stopping worker 0 \(PID: \d+\)/)
     server.wait_for(/- Workers: 1/)
-    assert_equal "200", get(server.port).code
+    assert_equal 200, get(server.port).status
     server.wait_for(/Worker 0 \(PID: \d+\) stopped/)
     server.signal("TTIN")
     server.wait_for(/- Workers: 2/)
     server.wait_for_count(/Worker 0 \(PID: \d+\) booted/, 2)
     refute_match(/Worker 2 /, server.stdout)
-    assert_equal "200", get(server.port).code
+    assert_equal 200, get(server.port).status
   end
 
   def test_usr1_phased_restart_replaces_workers_one_at_a_time
@@ -163,7 +161,7 @@ class SignalsTest < Minitest::Test
     server.wait_for(/- Gracefully stopping/)
     server.signal("USR2")
     server.wait_for(/- Hot restart ignored: already stopping/)
-    assert_equal "200", slow.value.code
+    assert_equal 200, slow.value.status
     assert server.wait(10), server.logs
     assert server.status.success?, server.logs
     refute_includes server.stdout, "Restarting: exec"

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "support/http_wire"
 require "pathname"
 require "tempfile"
 
@@ -59,45 +60,25 @@ class StreamingTest < Minitest::Test
     end
   end
 
-  # A reader that accumulates what the socket has delivered so far.
-  class Wire
-    attr_reader :data
-
+  # The suite's client read as a stream: what the socket has delivered so
+  # far, and when a pattern arrived.
+  class Wire < Serval::HttpWire::Client
     def initialize(port)
-      @socket = TCPSocket.new("127.0.0.1", port)
-      @data = +"".b
+      super(port, timeout: READ_TIMEOUT)
     end
 
-    def write(bytes)
-      @socket.write(bytes)
+    def data
+      buffered
     end
 
     # Reads until pattern is in what arrived; returns the time it did.
     def wait_for(pattern)
-      deadline = now + READ_TIMEOUT
-      until @data.match?(pattern)
-        left = deadline - now
-        raise Minitest::Assertion, "#{pattern.inspect} did not arrive; got #{@data.inspect}" if left <= 0
-        next unless @socket.wait_readable(left)
-
-        chunk = @socket.read_nonblock(65_536, exception: false)
-        raise Minitest::Assertion, "closed before #{pattern.inspect}; got #{@data.inspect}" if chunk.nil?
-
-        @data << chunk if chunk.is_a?(String)
-      end
-      now
+      read_until_match(pattern)
+      Process.clock_gettime(Process::CLOCK_MONOTONIC)
     end
 
     def readable_within?(seconds)
-      !@socket.wait_readable(seconds).nil?
-    end
-
-    def close
-      @socket.close
-    end
-
-    def now
-      Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      !silent_for?(seconds)
     end
   end
 

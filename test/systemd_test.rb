@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "support/http_wire"
 require_relative "support/subprocess_server"
 require "tmpdir"
 require "serval/systemd"
@@ -8,6 +9,7 @@ require "serval/systemd"
 # Socket activation (LISTEN_FDS) and sd_notify, against a real serval process.
 class SystemdTest < Minitest::Test
   include Serval::SubprocessHelpers
+  include Serval::HttpWire
 
   APP = <<~RU
     run ->(env) { [200, { "content-type" => "text/plain" }, ["listen_fds=\#{ENV['LISTEN_FDS'].inspect}\\n"]] }
@@ -53,15 +55,10 @@ class SystemdTest < Minitest::Test
   end
 
   def get(port)
-    Net::HTTP.get(URI("http://127.0.0.1:#{port}/"))
-  end
-
-  def setup_http
-    require "net/http"
+    http(port, good_request("/", host: "127.0.0.1")).body
   end
 
   def test_adopts_fd_3_matching_the_bind_and_notifies_ready_and_stopping
-    setup_http
     socket = TCPServer.new("127.0.0.1", 0)
     port = socket.local_address.ip_port
     # The bind names the same address: binding it again would fail (EADDRINUSE),
@@ -78,7 +75,6 @@ class SystemdTest < Minitest::Test
   end
 
   def test_cluster_mode_notifies_ready_once_workers_boot
-    setup_http
     socket = TCPServer.new("127.0.0.1", 0)
     port = socket.local_address.ip_port
     server = spawn_activated(socket, ["-w", "2", "-t", "1:1", "-b", "tcp://127.0.0.1:#{port}"])
@@ -106,7 +102,6 @@ class SystemdTest < Minitest::Test
   end
 
   def test_unmatched_systemd_socket_is_an_extra_listener
-    setup_http
     socket = TCPServer.new("127.0.0.1", 0)
     port = socket.local_address.ip_port
     server = spawn_activated(socket, ["-b", "tcp://127.0.0.1:0"]).boot
@@ -119,7 +114,6 @@ class SystemdTest < Minitest::Test
   # Puma's `bind_to_activated_sockets 'only'`: the passed socket serves,
   # the configured bind it does not match is not bound.
   def test_activated_sockets_only_leaves_unmatched_binds_unbound
-    setup_http
     socket = TCPServer.new("127.0.0.1", 0)
     port = socket.local_address.ip_port
     spare = Serval::SubprocessServer.free_port

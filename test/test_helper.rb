@@ -15,6 +15,7 @@ require "serval/version"
 require "serval/errors"
 require "serval/configuration"
 require "serval/log_writer"
+require "support/http_wire"
 
 module Serval
   module TestHelpers
@@ -105,25 +106,15 @@ module Serval
     # Writes bytes to 127.0.0.1:port and reads until the peer closes or
     # read_timeout seconds have passed in total. Returns what was read.
     def raw_request(port, bytes, read_timeout: 5)
-      socket = TCPSocket.new("127.0.0.1", port)
-      socket.write(bytes)
-      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + read_timeout
-      out = +"".b
-      loop do
-        left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
-        break if left <= 0 || !socket.wait_readable(left)
-
-        chunk = socket.read_nonblock(65_536, exception: false)
-        break if chunk.nil?
-        next if chunk == :wait_readable
-
-        out << chunk
+      client = HttpWire::Client.new(port, timeout: read_timeout)
+      begin
+        client.write(bytes)
+      rescue Errno::ECONNRESET, Errno::EPIPE
+        nil # the answer, if any, is still read below
       end
-      out
-    rescue Errno::ECONNRESET, Errno::EPIPE
-      out || +"".b
+      client.read_all
     ensure
-      socket&.close
+      client&.close
     end
 
     # The captured server log of the last with_server, printed on failure.

@@ -2,11 +2,11 @@
 
 require_relative "test_helper"
 require "support/subprocess_server"
-require "support/load_client"
+require "support/http_wire"
 
 # Under continuous load (4 client threads, keep-alive connections of 1..5
 # requests and new connections) no request is lost across a hot restart,
-# a phased restart, TTOU or a graceful stop. Counting rules: LoadClient.
+# a phased restart, TTOU or a graceful stop. Counting rules: HttpWire::LoadClient.
 class ZeroDropTest < Minitest::Test
   include Serval::SubprocessHelpers
 
@@ -22,10 +22,10 @@ class ZeroDropTest < Minitest::Test
   end
 
   def under_load(server)
-    load = Serval::LoadClient.new(server.port, threads: 4).start
+    load = Serval::HttpWire::LoadClient.new(server.port, threads: 4).start
     assert load.wait_for_more(LOAD_BEFORE), "no load before the event"
     yield load
-    load.wait_for_more(LOAD_AFTER) unless load.instance_variable_get(:@refusing)
+    load.wait_for_more(LOAD_AFTER) unless load.refusing?
     result = load.stop
     assert_equal 0, result.failed, "failures: #{result.errors.inspect}\n#{server.logs}"
     assert_operator result.ok, :>=, LOAD_BEFORE

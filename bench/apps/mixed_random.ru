@@ -6,7 +6,7 @@
 #                           exponential time (mean ms x (1 - cpu))
 #   /work?...&dist=const -> the same means without randomness (as mixed.ru)
 # Each thread draws from its own Random (no lock between threads); the model
-# in Serval::Advice is fed the same distributions (docs/tuning.md, "Validation").
+# in Serval::Advice is fed the same distributions (bench/NOTES.md, "Validation").
 HEADERS = { "content-type" => "text/plain" }.freeze
 THREAD_CLOCK = Process::CLOCK_THREAD_CPUTIME_ID
 

@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 #include "serval.h"
 #include "transport.h"
+#include "tls.h"
 
 /* An edge-triggered connection (plain TCP) is registered for both directions,
  * once. EPOLLRDHUP: the peer's FIN can come in the same edge as its last
@@ -140,13 +141,23 @@ static void format_remote(sv_conn *c, const struct sockaddr_storage *ss)
         snprintf(c->remote, sizeof(c->remote), "127.0.0.1"); /* unix socket peer */
 }
 
-/* Balance mode: how many Ruby threads are free: waiting, minus the requests
- * already queued for them, minus the connections accepted whose first
- * request is still arriving (counted in partial from accept on). Caller
- * holds core->mu. */
+/* The Ruby threads that will take the next request queued: those waiting in
+ * Core#next (asleep, or waiting on the epoll: sv_polls_wait), and a thread
+ * running this round from Core#next between requests (thread polls), which
+ * takes the queue's head right after it. Caller holds core->mu (and, for
+ * gvl_round, is the round's thread). */
+static int takers_locked(sv_core *core)
+{
+    return core->waiting + core->gvl_round;
+}
+
+/* Balance mode: how many Ruby threads are free: the takers, minus the
+ * requests already queued for them, minus the connections accepted whose
+ * first request is still arriving (counted in partial from accept on).
+ * Caller holds core->mu. */
 static int free_threads_locked(sv_core *core)
 {
-    return core->waiting - (int)core->queued - (int)atomic_load(&core->partial);
+    return takers_locked(core) - (int)core->queued - (int)atomic_load(&core->partial);
 }
 
 static int free_threads(sv_core *core)
@@ -157,11 +168,20 @@ static int free_threads(sv_core *core)
     return n;
 }
 
-/* Balance mode: listeners stay in epoll only while a Ruby thread is free; the
- * flag tells the next waiter in Core#next to wake the loop (core.c). */
+/* Balance mode: listeners stay in epoll only while a Ruby thread is free and
+ * no hold is on; the flag tells the next waiter in Core#next to wake the
+ * loop (core.c). After each round, by whoever ran it (the loop thread's
+ * housekeeping, or a request thread's poll: sv_loop_poll), so that a parked
+ * loop's listeners follow the threads as closely as a running loop's. */
 static void balance_listeners(sv_core *core)
 {
+    if (core->accepting < 0)
+        return; /* drained: never again */
     pthread_mutex_lock(&core->mu);
+    if (core->draining || core->stopping) {
+        pthread_mutex_unlock(&core->mu);
+        return; /* housekeeping takes the listeners away */
+    }
     int idle = free_threads_locked(core) > 0 && !atomic_load(&core->balance_hold);
     core->balance_paused = !idle;
     pthread_mutex_unlock(&core->mu);
@@ -180,7 +200,9 @@ static int listener_pending(const sv_listener *l)
 
 static void do_accept(sv_core *core, sv_listener *l)
 {
-    int batch = core->opt.balance ? free_threads(core) : SV_ACCEPT_BATCH;
+    /* balance: one connection per free thread, none while held (the hold
+     * may be newer than the listeners' registration: balance_listeners) */
+    int batch = !core->opt.balance ? SV_ACCEPT_BATCH : atomic_load(&core->balance_hold) ? 0 : free_threads(core);
     for (int i = 0; i < batch; i++) {
         if ((size_t)atomic_load(&core->open) >= core->opt.max_connections) {
             listeners_register(core, 0); /* resumed by evict_slowest or the timeout scan */
@@ -383,7 +405,7 @@ static int shed(sv_conn *c)
     sv_core *core = c->core;
     double now = sv_now();
     pthread_mutex_lock(&core->mu);
-    long ahead = (long)core->queued - (long)core->waiting;
+    long ahead = (long)core->queued - (long)takers_locked(core);
     c->q_ahead = ahead < 0 ? -1 : ahead;
     int admit = sv_shed_admit(&core->shed, now, c->q_ahead, core->q_head ? core->q_head->queued_at : -1);
     pthread_mutex_unlock(&core->mu);
@@ -759,9 +781,29 @@ static int conn_owned(sv_conn *c, uint32_t events)
     return owner == SV_OWN_LOOP;
 }
 
+/* Thread polls: a request thread polling with the GVL (core->gvl_round)
+ * leaves a TLS handshake's CPU to the loop thread, which does it without
+ * the GVL: the connection is armed again (one-shot, level-triggered: its
+ * event comes back) and the duty ends, so that the loop thread, not a
+ * request thread, waits on the epoll next (polls.c). After the handshake
+ * the connection's reads are a request thread's work again. */
+static int leave_to_loop_thread(sv_conn *c)
+{
+    sv_core *core = c->core;
+    if (!core->gvl_round || c->state != SV_ST_HEAD || !sv_tls_handshaking(c))
+        return 0;
+    sv_loop_arm(c, EPOLLIN);
+    pthread_mutex_lock(&core->mu);
+    sv_polls_hand_back_locked(core);
+    pthread_mutex_unlock(&core->mu);
+    return 1;
+}
+
 static void conn_event(sv_conn *c, uint32_t events)
 {
     if (!conn_owned(c, events))
+        return;
+    if (leave_to_loop_thread(c))
         return;
     if (c->et && (events & SV_EV_END))
         c->rdhup = 1; /* the peer sends no more: its EOF must be read, edge or not */
@@ -919,6 +961,8 @@ int sv_loop_poll(sv_core *core, int timeout_ms)
     struct epoll_event events[SV_EVENTS];
     int n = epoll_wait(core->epfd, events, SV_EVENTS, timeout_ms);
     double now = n > 0 ? handle_events(core, events, n) : sv_now();
+    if (core->opt.balance)
+        balance_listeners(core);
     bury(core);
     atomic_store(&core->last_poll, now);
     return n;
@@ -950,7 +994,7 @@ static void housekeeping(sv_core *core)
         sv_out_trim(core, now);
         core->next_scan = now + SV_SCAN_INTERVAL_MS / 1000.0;
     }
-    if (core->opt.balance && !draining && core->accepting >= 0)
+    if (core->opt.balance)
         balance_listeners(core);
     bury(core); /* no event of this round names them any more */
 }

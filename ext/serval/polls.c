@@ -1,7 +1,7 @@
 /*
  * Thread polls: request threads run the event loop's rounds themselves
  * between requests, so that a request arriving while Ruby runs wakes no
- * thread (docs/DESIGN.md "Thread polls", docs/performance.md).
+ * thread (docs/DESIGN.md "Thread polls", bench/NOTES.md).
  *
  * Without it every burst of arrivals wakes the loop thread, which preempts
  * the thread that holds the GVL, reads, queues and wakes a sleeping request
@@ -30,10 +30,23 @@
  *     read while the remaining threads compute. A parked loop that sees no
  *     poll for SV_PARK_MS does the same and wakes threads for what waits.
  *
- * It needs the thread event hook (Ruby 3.3 here: the same test as gvl.c) and
- * is off for TLS listeners (a handshake's CPU would be spent holding the
- * GVL), load shedding (it counts sleeping threads as takers) and cluster
- * balancing (which counts free threads); there the loop dispatches as before.
+ * It needs the thread event hook (Ruby 3.3 here: the same test as gvl.c); on
+ * Ruby 3.1 and 3.2 the loop thread reads every request and wakes a thread for
+ * it. On 3.3 it is the one dispatch path of every mode:
+ *
+ *   - cluster balancing (loop.c): a thread running a round from Core#next
+ *     counts as a free thread (it takes a request right after); the
+ *     listeners follow the free threads and the hold after every round,
+ *     whoever ran it (balance_listeners), and an accept obeys a hold at once;
+ *   - load shedding (loop.c shed): the same takers, the waiting threads and
+ *     the one polling, decide whether a request waits behind others;
+ *   - TLS: a round run with the GVL leaves a connection still in its
+ *     handshake to the loop thread (loop.c leave_to_loop_thread: armed
+ *     again, and the duty ends), so that the handshake's CPU is spent
+ *     without the GVL; an open session's reads are a request thread's work;
+ *   - threads :auto and the I/O lane measure requests as before: a request's
+ *     queue time runs until a thread starts it, whether it waited for a
+ *     woken thread and the GVL or for the running thread.
  */
 #include <stdatomic.h>
 #include <ruby.h>
@@ -99,11 +112,8 @@ void sv_polls_start(sv_core *core)
 {
     core->polls_on = 0;
 #ifdef HAVE_RB_INTERNAL_THREAD_SPECIFIC_GET
-    if (!core->opt.thread_polls || core->opt.balance || core->opt.max_queue_time > 0)
+    if (!core->opt.thread_polls)
         return;
-    for (int i = 0; i < core->nlisteners; i++)
-        if (core->listeners[i].tls_ctx)
-            return;
     static int hooked;
     if (!hooked) {
         hooked = 1;
@@ -164,7 +174,9 @@ int sv_polls_poll(sv_core *core, int queue_empty, double *now)
         return 0; /* the loop thread has the epoll, or another thread polls */
     int ran = atomic_load(&core->duty);
     if (ran) {
+        core->gvl_round = 1; /* this thread is a taker; TLS handshakes go to the loop thread (loop.c) */
         sv_loop_poll(core, 0);
+        core->gvl_round = 0;
         *now = atomic_load(&core->last_poll); /* the round's start */
         atomic_fetch_add(&core->polled_rounds, 1);
     }

@@ -235,6 +235,9 @@ struct sv_core {
     pthread_cond_t park_cv;      /* the parked loop thread waits here (with core->mu) */
     _Atomic int duty;            /* written under core->mu */
     _Atomic int poll_waiting;    /* a request thread waits on the epoll (sv_polls_wait) */
+    int gvl_round;               /* poll_mu's holder runs a round from Core#next with the GVL (sv_polls_poll):
+                                  * its thread takes a request right after (a free thread, a taker),
+                                  * and a TLS handshake is left to the loop thread (loop.c) */
     _Atomic double last_poll;    /* monotonic: the last round a request thread ran */
     _Atomic double round_at;     /* monotonic: when the round of events in progress began, 0 between rounds (sv_loop_now) */
     _Atomic double last_take;    /* monotonic: the last request Core#next returned */

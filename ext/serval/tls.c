@@ -233,6 +233,11 @@ int sv_tls_conn_init(sv_conn *c, void *ctx)
     return 0;
 }
 
+int sv_tls_handshaking(const sv_conn *c)
+{
+    return c->tls && c->tls_state == SV_TLS_HANDSHAKE;
+}
+
 void sv_tls_ctx_free(void *ctx)
 {
     SSL_CTX_free((SSL_CTX *)ctx);
@@ -340,6 +345,7 @@ void sv_init_tls(VALUE mNative)
 #else /* no OpenSSL: no TLSContext class; Binder reports TLS as unavailable */
 
 int sv_tls_conn_init(sv_conn *c, void *ctx) { return -1; }
+int sv_tls_handshaking(const sv_conn *c) { return 0; }
 void sv_tls_ctx_free(void *ctx) {}
 void *sv_tls_ctx_get(VALUE obj)
 {

@@ -12,6 +12,9 @@
 /* Attach an SSL (from the listener's SSL_CTX) to a connection just
  * accepted and make TLS its transport: 0, or -1. */
 int sv_tls_conn_init(sv_conn *c, void *ctx);
+/* A TLS connection whose handshake is not done: its next read may spend
+ * a handshake's CPU (thread polls leave it to the loop thread, loop.c). */
+int sv_tls_handshaking(const sv_conn *c);
 /* Drop a listener's reference to its SSL_CTX. */
 void sv_tls_ctx_free(void *ctx);
 

@@ -13,7 +13,7 @@
  *
  * Waking a thread only when no running thread would take the request soon
  * was measured and dropped: it halved the futex calls but woke the loop
- * more often and cost more CPU per hello request (docs/performance.md "Hot
+ * more often and cost more CPU per hello request (bench/NOTES.md "Hot
  * path"). Everything here runs with core->mu held.
  */
 #include "serval.h"

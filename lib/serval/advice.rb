@@ -21,7 +21,7 @@ module Serval
   # processes per machine, database connections and machines for a target,
   # decided by simulating one process fed with the recorded per-request
   # figures (see Window for the input, Recommender for the output, and
-  # docs/tuning.md for the method and its limits). Pure objects: no server,
+  # bench/NOTES.md "Tuning" for the method and its limits). Pure objects: no server,
   # no clock, a seeded RNG - the same window gives the same advice.
   module Advice
     # Every limit the advice uses, in one place.

@@ -17,7 +17,7 @@ module Serval
   # child process at nice 19 (Auto::ModelProcess), not in this one, where it
   # held the GVL from the request threads in single mode: in an open-loop
   # benchmark at half load, the check once a minute took p99 from 150 ms to
-  # 600 ms (docs/tuning.md). The child starts at the first check.
+  # 600 ms (bench/NOTES.md "The log line"). The child starts at the first check.
   #
   # No thread waits between checks: the supervising loop (Supervisor#every)
   # starts one ("serval-advice", priority -3) for each check, which ends

@@ -152,7 +152,7 @@ module Serval
       on(o, "-q", "--quiet", "Do not print boot and stop messages") { @dsl.quiet(true) }
       on(o, "-v", "--verbose", "Print debugging detail") { @dsl.verbose(true) }
       on(o, "--early-hints", "Let the app send 103 Early Hints") { @dsl.early_hints(true) }
-      on(o, "--fair-timeslice MS", "GVL slice of a computing request thread while another waits (default 2)") { |v| @dsl.fair_timeslice(v) }
+      on(o, "--fair-timeslice MS", "GVL slice of a computing request thread while another waits (default: off, Ruby's 100 ms; 2 is a good start)") { |v| @dsl.fair_timeslice(v) }
       on(o, "--no-fair-timeslice", "Leave request threads Ruby's own time slice (100 ms)") { @dsl.fair_timeslice(false) }
       on(o, "-V", "--version", "Print the version and exit") { done(@stdout.puts("Serval #{VERSION}")) }
       on(o, "-h", "--help", "Show this help and exit") { done(@stdout.puts(o.help)) }

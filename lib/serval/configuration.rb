@@ -94,7 +94,7 @@ module Serval
       sources: {}.freeze,
       error_log_limit: 10,
       advice_log_interval: 60.0, # seconds between advice checks (docs/tuning.md); 0: off
-      fair_timeslice: 2.0, # ms a computing request thread keeps the GVL from a waiting one (docs/tuning.md); 0: off
+      fair_timeslice: 0.0, # off: Ruby's 100 ms slice; true/ms: a computing request thread keeps the GVL from a waiting one that long (docs/tuning.md)
       db_pool_wait: false, # measure pool_wait: wraps Active Record's private ConnectionPool::Queue#wait_poll (DbPools)
       gvl_balance: true, # cluster: a GVL-bound worker leaves connections to siblings (docs/tuning.md)
       thread_polls: true, # request threads read requests between requests while the loop parks (docs/DESIGN.md)
@@ -344,7 +344,7 @@ module Serval
       when :plugins then plugins(name, value)
       when :sources then sources(name, value)
       when :any then value
-      when :timeslice then Fairness.coerce(name, value, min, max, DEFAULTS[key])
+      when :timeslice then Fairness.coerce(name, value, min, max, Fairness::DEFAULT_SLICE_MS)
       when :seconds_or_nil then value.nil? ? nil : range(name, seconds(name, value), min, max)
       when :callable_or_nil then callable(name, value)
       when :logger then logger(name, value)

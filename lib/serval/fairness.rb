@@ -12,13 +12,18 @@ module Serval
   # the GVL for the slice while another thread waits (mode :preempt).
   # Ruby 3.1/3.2: request threads get the Thread#priority whose Ruby slice is
   # closest to the setting from below (mode :priority); what that buys depends
-  # on the Ruby (docs/tuning.md has the measured figures).
+  # on the Ruby (bench/NOTES.md "Fairness between CPU- and I/O-bound requests"
+  # has the measured figures).
   #
   # The setting is per process, as the GVL is: Server#run calls start, each
   # request thread calls apply as it starts (ThreadPool#work).
   module Fairness
     RUBY_SLICE_MS = 100.0 # Ruby's time slice at priority 0 (thread.c TIME_QUANTUM)
     MIN_PRIORITY = -3     # Thread#priority's floor; each step down halves the slice
+    # The slice `fair_timeslice true` means. Off by default: on a CPU-bound
+    # page every request waits for the GVL, and switching every 2 ms cost
+    # 3-12 % of Campfire's throughput (bench/NOTES.md, bench/cost_parts).
+    DEFAULT_SLICE_MS = 2.0
 
     @slice_ms = 0.0
 

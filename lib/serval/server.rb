@@ -150,14 +150,9 @@ module Serval
 
     private
 
-    # Thread polls (ext/serval/polls.c) leave a queued request to the running
-    # thread; threads :auto and the I/O lane decide from measurements taken
-    # while the loop woke a thread for every request, so with either of them
-    # the loop keeps doing that (docs/configuration.md, thread_polls).
     def core_options(options)
       core = options.slice(*CORE_KEYS)
       core.merge!(RemoteAddress.core_options(options[:remote_address]))
-      core[:thread_polls] = false if options[:threads_auto] || options[:max_io_threads].to_i.positive?
       core
     end
 

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "socket"
+require_relative "http_wire"
 
 module Serval
   # Starting and stopping real proxies (nginx, HAProxy) for the subprocess
@@ -56,19 +57,10 @@ module Serval
       nil
     end
 
+    # Everything until the peer closes; raises HttpWire::WireTimeout when
+    # no byte (nor the close) arrives for timeout seconds.
     def read_all(socket, timeout: 15)
-      deadline = now + timeout
-      out = +"".b
-      loop do
-        left = deadline - now
-        raise "no EOF within #{timeout}s; got #{out.inspect}" if left <= 0 || !socket.wait_readable(left)
-
-        chunk = socket.read_nonblock(65_536, exception: false)
-        break if chunk.nil?
-
-        out << chunk unless chunk == :wait_readable
-      end
-      out
+      HttpWire::Client.new(socket, timeout: timeout).read_to_eof
     end
 
     def now

@@ -110,9 +110,14 @@ module Serval
       !@waiter.alive?
     end
 
-    # Waits for the process to exit on its own; returns Process::Status or nil.
+    # Waits for the process to exit on its own; returns Process::Status or
+    # nil. Once it exited, its last lines are in the logs (the readers get a
+    # moment to copy them; a child still holding the pipes does not block).
     def wait(timeout)
-      @waiter.join(timeout) ? (@status = @waiter.value) : nil
+      return nil unless @waiter.join(timeout)
+
+      @readers&.each { |t| t.join(2) }
+      @status = @waiter.value
     end
 
     # TERM, then INT, then KILL; returns the Process::Status.

@@ -1,14 +1,20 @@
 # frozen_string_literal: true
 
 require "fileutils"
+require "pathname"
 
 module Bench
   # Turns a run's report into Markdown tables (printed, and written into
-  # docs/benchmarks.md between BEGIN and END markers so that hand-written text
-  # around them stays) and PNG charts drawn by gnuplot (docs/benchmarks/).
+  # docs/benchmarks/latest.md between BEGIN and END markers so that hand-written
+  # text around them stays) and PNG charts drawn by gnuplot (docs/benchmarks/).
+  # docs/benchmarks.md, the user's page, links to it and is written by hand.
   class Report
     BEGIN_MARK = "<!-- bench/run: generated section begins; edit outside the markers -->"
     END_MARK = "<!-- bench/run: generated section ends -->"
+    DOCS = File.join("docs", "benchmarks", "latest.md")
+    CHARTS = File.join("docs", "benchmarks")
+    HEADER = "# Benchmarks: the latest full run\n\nWritten by `bench/run all`; docs/benchmarks.md has the headline " \
+             "comparisons and bench/NOTES.md every earlier run.\n"
 
     # The Markdown for one workload result: heading, table, notes.
     def self.table_text(ctx, result)
@@ -24,26 +30,32 @@ module Bench
       lines.join("\n")
     end
 
-    def initialize(ctx, report, json_path:)
+    def initialize(ctx, report, json_path:, docs: File.join(ctx.root, DOCS), chart_dir: File.join(ctx.root, CHARTS))
       @ctx = ctx
       @report = report
       @json_path = json_path
-      @docs = File.join(ctx.root, "docs", "benchmarks.md")
-      @chart_dir = File.join(ctx.root, "docs", "benchmarks")
+      @docs = docs
+      @chart_dir = chart_dir
     end
 
     # Writes the charts and the docs section; returns the paths written.
     def write
       charts = Charts.new(@ctx, @report, @chart_dir).draw
-      section = markdown(charts)
-      text = File.exist?(@docs) ? File.read(@docs) : "# Benchmarks\n"
+      place(markdown(charts))
+      [@docs, *charts.values]
+    end
+
+    # Puts the section between the markers of the docs file (made, with a
+    # header, when missing), leaving the text outside them as it was.
+    def place(section)
+      text = File.exist?(@docs) ? File.read(@docs) : HEADER
       text = if text.include?(BEGIN_MARK) && text.include?(END_MARK)
                text.sub(/#{Regexp.escape(BEGIN_MARK)}.*#{Regexp.escape(END_MARK)}/m) { "#{BEGIN_MARK}\n#{section}\n#{END_MARK}" }
              else
                "#{text.rstrip}\n\n#{BEGIN_MARK}\n#{section}\n#{END_MARK}\n"
              end
+      FileUtils.mkdir_p(File.dirname(@docs))
       File.write(@docs, text)
-      [@docs, *charts.values]
     end
 
     def rel(path)
@@ -90,10 +102,15 @@ module Bench
         out << ""
         out << "Command: `#{rerun(w['name'])}`#{w['seconds'] ? " (#{w['seconds']} s)" : ''}.#{example(w)}"
         charts.each do |key, path|
-          out << "" << "![#{key}](#{path.delete_prefix("#{File.dirname(@docs)}/")})" if key.start_with?(w["name"] + ":")
+          out << "" << "![#{key}](#{chart_link(path)})" if key.start_with?(w["name"] + ":")
         end
       end
       out.join("\n")
+    end
+
+    # A chart's path as the docs file links it (relative to the file's directory).
+    def chart_link(path)
+      Pathname.new(path).relative_path_from(Pathname.new(File.dirname(@docs))).to_s
     end
 
     def rerun(name)

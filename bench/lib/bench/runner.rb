@@ -13,7 +13,7 @@ module Bench
       workloads: %<workloads>s (default: all)
       servers:   %<servers>s (default: all; one whose gem is missing is skipped and named;
                  iodine and nginx run only where a workload names them (connections) unless --servers does)
-      --docs: write the tables into docs/benchmarks.md (between markers) and charts into
+      --docs: write the tables into docs/benchmarks/latest.md (between markers) and charts into
               docs/benchmarks/*.png (gnuplot); the default for `all`
       environment: BENCH_DURATION (5 s) BENCH_WARMUP (2 s) BENCH_ROUNDS (1) BENCH_THREADS (4)
                    BENCH_CONNECTIONS (16) BENCH_SERVER_CPU (0) BENCH_CLIENT_CPU (1) BENCH_PIN (1)
@@ -156,7 +156,7 @@ module Bench
 
     # true when the scheduler groups processes by session: then `nice` ranks
     # only within a session, and niced work started from another shell still
-    # takes its share of the benchmark's CPUs (docs/benchmarks.md, "Machine").
+    # takes its share of the benchmark's CPUs (bench/NOTES.md, "Machine").
     def autogroup
       File.read("/proc/sys/kernel/sched_autogroup_enabled").strip == "1"
     rescue SystemCallError

@@ -51,7 +51,7 @@ module Serval
     #   wait > `probe_queue` x wall: every thread busy, not a burst of
     #   arrivals at part load): one more, to measure
     #   (a probe: the model's knee from a window at one count is often a
-    #   thread or two low, docs/benchmarks.md); the measured rule below takes
+    #   thread or two low, bench/NOTES.md "threads :auto (issue 10)"); the measured rule below takes
     #   it back if it added nothing, and then it is a ceiling;
     # - down when stall grew without gain: a thread fewer served as many
     #   req/s (measured, within `down_gain`, at this workload) with less stall
@@ -99,7 +99,7 @@ module Serval
         margin: 0,            # ... plus this many (0: the model's knee is within one of the measured one
                               # either way since it charges the handoff and replays shapes; the probe
                               # finds a thread more where it pays:
-                              # docs/benchmarks.md "Concurrency advice")
+                              # bench/NOTES.md "Concurrency advice (issue 9)")
         slack: 2,             # model-driven down: only this many threads past its target
         memory: 30,           # intervals a measured figure or ceiling is kept
         probe_gvl: 0.97,      # with a model that holds: GVL held below this share while requests queue ...

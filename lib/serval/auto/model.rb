@@ -20,11 +20,12 @@ module Serval
     # about which count answers fastest. The headroom is there because p99
     # near a count's capacity climbs steeply with the load (as 1 / (1 - load)
     # and faster), and the model's capacity per count errs by a few per cent
-    # (docs/benchmarks.md: the advice's max req/s, -4 to +5 %), mostly low
+    # (bench/NOTES.md "Concurrency advice (issue 9)": max req/s -4 to +5 %), mostly low
     # at the top: at the measured rate the counts a few per cent apart in
     # capacity come out alike, and the fewest of them - the one nearest its
     # capacity - was chosen where a measured sweep put its p99 1.5x the
-    # best's (docs/tuning.md, "At part load"). At 10 % more arrivals a count
+    # best's (bench/NOTES.md "threads :auto", "to the lowest predicted p99 at
+    # part load"). At 10 % more arrivals a count
     # with too little room shows it, and one with room to spare is not
     # charged: its p99 moves little. If no count keeps up with the higher
     # rate, the measured rate is used. To keep a

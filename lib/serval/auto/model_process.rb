@@ -10,7 +10,7 @@ module Serval
     # 19), so that its burst of Ruby does not take the GVL from the request
     # threads: in the process a model run (0.2-0.3 s of CPU at 16 counts) is
     # a thread that request threads wait behind, and at 80 % load one run in
-    # a 15 s measurement tripled p99 (docs/benchmarks.md, `bench/run auto`).
+    # a 15 s measurement tripled p99 (bench/NOTES.md "threads :auto (issue 10)").
     # In a child it has its own GVL, and the kernel gives it the CPU the
     # server leaves idle (on Linux the child's model thread also takes the
     # idle scheduling policy, so a waking request thread does not wait for

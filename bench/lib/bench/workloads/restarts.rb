@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require_relative "../../../../test/support/load_client"
+require_relative "../../../../test/support/http_wire"
 
 module Bench
   module Workloads
@@ -9,7 +9,7 @@ module Bench
     # requests, then a new connection), one event per scenario: USR2 (hot
     # restart), USR1 (phased restart), TTOU, TERM (graceful stop). At least
     # `requests` answered requests per scenario; counting rules are those of
-    # test/support/load_client.rb (docs/benchmarks.md).
+    # test/support/http_wire.rb, HttpWire::LoadClient (bench/NOTES.md "Zero dropped requests").
     class Restarts < Workload
       register "restarts"
 
@@ -46,7 +46,7 @@ module Bench
                                cpus: ctx.all_cpus)
         process.wait_ready
         sleep 1
-        load = ::Serval::LoadClient.new(process.port, threads: 4).start
+        load = ::Serval::HttpWire::LoadClient.new(process.port, threads: 4).start
         load.wait_for_more(signal == "TERM" ? requests : requests / 2, timeout: 120)
         load.refuse_from_now if signal == "TERM"
         Process.kill(signal, process.pid)
