@@ -9,7 +9,8 @@ require "serval/launcher"
 # Lean by default: a default process runs its main thread, the event loop
 # ("serval-io"), the request threads ("serval-worker-N") and one measuring
 # thread (the CPU sampler "serval-cpu", with the GVL hook: Ruby >= 3.2);
-# "serval-fair" is the GVL time slice's ticker (fair_timeslice). Nothing
+# "serval-fair", the GVL time slice's ticker, only when fair_timeslice is
+# on by default. Nothing
 # else - no watcher, error-log, advice or balancer thread, no child process -
 # until a feature that needs one starts. And Ruby's M:N threads are refused.
 class LeanProcessTest < Minitest::Test
@@ -47,6 +48,8 @@ class LeanProcessTest < Minitest::Test
     assert_empty named.reject { |name| name.match?(NATIVE) }, "native threads: #{seen.inspect}"
     assert_includes named, "serval-io"
     assert_equal (RUBY_VERSION >= "3.2" ? 1 : 0), named.count("serval-cpu"), seen.inspect
+    fair = Serval::Configuration::DEFAULTS[:fair_timeslice].to_f.positive? ? 1 : 0 # fair_timeslice's default
+    assert_equal fair, named.count("serval-fair"), seen.inspect
     assert_empty seen[:children], "child processes: #{seen.inspect}"
   end
 
