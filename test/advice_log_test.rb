@@ -7,7 +7,8 @@ require "serval/launcher"
 require "stringio"
 
 # The advice log line: logged when advice first becomes available and when
-# the decision changes, not on every check; computed on its own thread.
+# the decision changes, not on every check; computed on a thread of its own
+# that exists only while a check runs.
 class AdviceLogTest < Minitest::Test
   # Collects log lines.
   class Lines
@@ -119,7 +120,9 @@ class AdviceLogTest < Minitest::Test
   end
 
   # Wired into Launcher#run: a launcher that has a window logs the line
-  # after boot and stops the logger with itself.
+  # after boot and stops the logger with itself. The supervising loop
+  # starts each check on a thread that ends with it: between checks no
+  # advice thread waits.
   def test_launcher_starts_and_stops_it
     lines = Queue.new
     options = Serval::Configuration.finish(Serval::Configuration::DEFAULTS.merge(binds: ["tcp://127.0.0.1:0"],
@@ -127,14 +130,26 @@ class AdviceLogTest < Minitest::Test
     launcher = Serval::Launcher.new(options, log_writer: Serval::LogWriter.new(stdout: QueueIO.new(lines), stderr: QueueIO.new(lines)),
                                              app: ->(_env) { [200, {}, ["hi"]] }, signals: false)
     window = AdviceWindows.window(1200)
-    launcher.define_singleton_method(:window) { window }
+    checks = Queue.new
+    launcher.define_singleton_method(:window) do
+      checks << Thread.current
+      window
+    end
     thread = Thread.new { launcher.run }
+    assert launcher.wait_until_booted(10)
+    refute(Thread.list.any? { |t| t.name == "serval-advice" }, "no advice thread before the first check")
     line = nil
     line = lines.pop until line&.start_with?("advice: ")
     assert_match(/\Aadvice: \d+ threads x \d+ processes \(cpu share 0\.\d\d from 1,200 requests; running 3 threads/, line)
+    first = checks.pop
+    assert_equal "serval-advice", first.name
+    refute_equal thread, first, "not on the loop's thread"
+    assert first.join(10), "the check's thread ends with the check"
+    second = checks.pop # the next interval: a new thread
+    refute_same first, second
+    assert_equal "serval-advice", second.name
     launcher.stop
     assert_equal 0, thread.value
     refute(Thread.list.any? { |t| t.name == "serval-advice" && t.alive? }, "stopped with the launcher")
   end
-
 end

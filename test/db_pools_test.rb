@@ -41,6 +41,9 @@ class DbPoolsTest < Minitest::Test
       when "/release"
         Integer(env["QUERY_STRING"][/n=(\\d+)/, 1]).times { GATE << 1 }
         [200, { "content-type" => "text/plain" }, ["released\\n"]]
+      when "/patched"
+        names = ActiveRecord::ConnectionAdapters::ConnectionPool::Queue.ancestors.map(&:to_s).grep(/Serval/)
+        [200, { "content-type" => "text/plain" }, [names.inspect]]
       when "/timings"
         n = Integer(env["QUERY_STRING"][/n=(\\d+)/, 1])
         [200, { "content-type" => "application/json" }, [JSON.generate(Array.new(n) { TIMINGS.pop })]]
@@ -104,7 +107,7 @@ class DbPoolsTest < Minitest::Test
     need_active_record
     ctl = Serval::SubprocessServer.free_port
     metrics = Serval::SubprocessServer.free_port
-    server = boot(["-t", "5:5", "-p", "0", "--log-requests", "--control-url", "tcp://127.0.0.1:#{ctl}",
+    server = boot(["-t", "5:5", "-p", "0", "--log-requests", "--db-pool-wait", "--control-url", "tcp://127.0.0.1:#{ctl}",
                    "--control-token", TOKEN, "--metrics-bind", "tcp://127.0.0.1:#{metrics}", "config.ru"], pool: 2)
     server.wait_for(/Control app on/)
     assert_equal [{ name: "primary", size: 2, connections: 0, busy: 0, idle: 0, waiting: 0, dead: 0 }],
@@ -176,7 +179,7 @@ class DbPoolsTest < Minitest::Test
   def test_cluster_worker_pool_metrics_and_warning
     need_active_record
     metrics = Serval::SubprocessServer.free_port
-    config = "worker_check_interval 0.1\n"
+    config = "worker_check_interval 0.1\ndb_pool_wait true\n"
     server = boot(["-w", "1", "-t", "3:3", "-p", "0", "-C", "serval_conf.rb", "--metrics-bind",
                    "tcp://127.0.0.1:#{metrics}", "config.ru"], pool: 1, files: { "serval_conf.rb" => config })
     warning = server.wait_for(/^WARNING: max_threads.*/, stream: :err)[0]
@@ -217,6 +220,61 @@ class DbPoolsTest < Minitest::Test
     text = Serval::Prometheus.render({ workers: 1, worker_status: [worker] }, process: {})
     assert_includes text, %(serval_db_pool_idle{worker="1",pid="77",pool="primary"} 1\n)
     check_with_promtool(text)
+  end
+
+  # db_pool_wait is off by default: the pools' figures are there, Active
+  # Record is not patched and no request reports pool_wait, even one that
+  # waited for a connection.
+  def test_pool_wait_is_not_measured_by_default
+    need_active_record
+    ctl = Serval::SubprocessServer.free_port
+    server = boot(["-t", "3:3", "-p", "0", "--log-requests", "--control-url", "tcp://127.0.0.1:#{ctl}",
+                   "--control-token", TOKEN, "config.ru"], pool: 1)
+    port = server.port
+    holder = Thread.new { get(port, "/hold").status }
+    eventually("1 busy") { control(ctl, "/stats")[:db_pools].first[:busy] == 1 }
+    waiter = Thread.new { get(port, "/hold").status }
+    eventually("1 waiting") { control(ctl, "/stats")[:db_pools].first[:waiting] == 1 }
+    assert_equal "[]", get(port, "/patched").body, "Active Record's pool queue was patched"
+    assert_equal 200, get(port, "/release?n=2").status
+    assert_equal [200, 200], [holder.value, waiter.value]
+    timings = JSON.parse(get(port, "/timings?n=2").body, symbolize_names: true)
+    timings.each { |t| assert_nil t[:pool_wait], t.inspect }
+    assert_operator timings.map { |t| t[:wall] }.max, :>, 0.05, "one request waited for the other's connection"
+    refute control(ctl, "/stats")[:timing].key?(:request_pool_wait_seconds)
+    log = eventually("2 access lines") do
+      lines = server.stdout.lines.grep(%r{"GET /hold })
+      lines if lines.size == 2
+    end
+    log.each { |line| refute_match(/pool_wait=/, line) }
+  end
+
+  # The private method db_pool_wait wraps: if Active Record changes it, this
+  # fails (and DbPools warns and leaves it alone rather than patching
+  # something else). The Gemfile's Active Record; the Rails leg runs 8.1's.
+  def test_the_wrapped_private_method_is_still_there
+    need_active_record
+    script = <<~'RUBY'
+      require "active_record"
+      require "serval/db_pools"
+      queue = ActiveRecord::ConnectionAdapters::ConnectionPool::Queue
+      problem = Serval::DbPools.send(:wait_poll_problem, queue)
+      abort "Active Record #{ActiveRecord.version}: #{problem}" if problem
+      abort "wait_poll is public now" if queue.public_method_defined?(:wait_poll)
+      # what it does: blocks until an element is added, counted in num_waiting
+      q = queue.new
+      waiter = Thread.new { q.send(:synchronize) { q.send(:wait_poll, 5) } }
+      sleep 0.001 until q.num_waiting == 1
+      q.add(:conn)
+      abort "wait_poll returned #{waiter.value.inspect}" unless waiter.value == :conn
+      other = Class.new(queue) { def wait_poll(timeout, extra) = super(timeout) }
+      abort "a changed signature passed" unless Serval::DbPools.send(:wait_poll_problem, other)
+      puts ActiveRecord.version
+    RUBY
+    out, status = Open3.capture2e({ "BUNDLE_GEMFILE" => File.join(Serval::SubprocessServer::ROOT, "Gemfile") },
+                                  RbConfig.ruby, "-rbundler/setup", "-I", File.join(Serval::SubprocessServer::ROOT, "lib"),
+                                  "-e", script)
+    assert status.success?, out
   end
 
   # Without Active Record (this process) nothing appears: no key, not zeros.

@@ -215,3 +215,26 @@ class ErrorLogTest < Minitest::Test
     assert_equal 1, err.string.scan(SUPPRESSED).size, "nothing pending: no second count line"
   end
 end
+
+# The same answers, drained the way a served process drains them: single
+# mode's loop polls the ring's descriptor on the main thread (Single#supervise,
+# ErrorLog#io/#drain), and no error-log thread exists.
+class ErrorLogPolledTest < ErrorLogTest
+  def with_logged_server(**opts)
+    require "serval/launcher"
+    require "rack/lint"
+    @err = Log.new
+    log = Serval::LogWriter.new(stdout: StringIO.new, stderr: @err)
+    options = Serval::Configuration.finish(Serval::Configuration::DEFAULTS.merge(binds: ["tcp://127.0.0.1:0"]).merge(opts))
+    app = Rack::Lint.new(->(_env) { [200, { "content-type" => "text/plain" }, ["ok"]] })
+    launcher = Serval::Launcher.new(options, log_writer: log, app: app, signals: false)
+    thread = Thread.new { launcher.run }
+    assert launcher.wait_until_booted(10), "booted"
+    refute(Thread.list.any? { |t| t.name == "serval-errlog" }, "no error-log thread")
+    assert launcher.server.error_log.io, "the loop polls the ring" unless options[:error_log_limit].zero?
+    yield launcher.server, Integer(launcher.urls.first[/:(\d+)\z/, 1])
+  ensure
+    launcher&.stop
+    assert_equal 0, thread&.value
+  end
+end

@@ -601,6 +601,15 @@ static VALUE core_wake_error_events(VALUE self)
     return Qnil;
 }
 
+/* error_fd -> Integer: a descriptor that is readable while error records
+ * wait for #error_events (an eventfd the core owns and closes with itself:
+ * wrap it with autoclose false), or nil. */
+static VALUE core_error_fd(VALUE self)
+{
+    int fd = sv_errlog_fd(&sv_core_get(self)->errlog);
+    return fd >= 0 ? INT2NUM(fd) : Qnil;
+}
+
 static VALUE core_error_events_stats(VALUE self)
 {
     size_t queued;
@@ -631,5 +640,6 @@ VALUE sv_init_core(VALUE mNative)
     rb_define_method(sv_cCore, "error_events", core_error_events, 1);
     rb_define_method(sv_cCore, "wake_error_events", core_wake_error_events, 0);
     rb_define_method(sv_cCore, "error_events_stats", core_error_events_stats, 0);
+    rb_define_method(sv_cCore, "error_fd", core_error_fd, 0);
     return sv_cCore;
 }

@@ -117,6 +117,7 @@ typedef struct {
     unsigned long total;         /* records offered, kept or not */
     int wake;
     int ready;
+    int efd;                     /* eventfd: readable while records (or drops) wait, for a poller */
 } sv_errlog;
 
 /* One request's timing record (ext/serval/timing.c). */

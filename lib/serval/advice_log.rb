@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "serval/ticker"
+require "serval/threads"
 
 module Serval
   # The advice log line: every `advice_log_interval` seconds (0: never) the
@@ -16,10 +17,18 @@ module Serval
   # child process at nice 19 (Auto::ModelProcess), not in this one, where it
   # held the GVL from the request threads in single mode: in an open-loop
   # benchmark at half load, the check once a minute took p99 from 150 ms to
-  # 600 ms (bench/NOTES.md "The log line").
+  # 600 ms (bench/NOTES.md "The log line"). The child starts at the first check.
+  #
+  # No thread waits between checks: the supervising loop (Supervisor#every)
+  # starts one ("serval-advice", priority -3) for each check, which ends
+  # with it; a check still running when the next is due makes that one
+  # skipped. A launcher without that loop gets a Ticker thread instead.
   class AdviceLog
     CHECK_SETTINGS = { sim_requests: 5000, load_requests: 5000 }.freeze
     BOOT_WAIT = 86_400
+    THREAD = "serval-advice"
+    PRIORITY = -3 # shorter time slices while it holds the GVL beside request threads
+    STOP_WAIT = 5 # seconds
 
     def self.wanted?(launcher)
       launcher.options.fetch(:advice_log_interval, 0).to_f.positive? && launcher.respond_to?(:window)
@@ -65,18 +74,37 @@ module Serval
       nil
     end
 
-    # priority -3: shorter time slices while it holds the GVL beside request threads
     def start
       require "serval/auto/model_process"
       @runner ||= Auto::ModelProcess.new
-      @ticker = Ticker.new("serval-advice", @interval, @log_writer, priority: -3,
-                           ready: -> { @launcher.wait_until_booted(BOOT_WAIT) }).start { check }
+      if @launcher.respond_to?(:every)
+        @job = @launcher.every(@interval) { check_on_thread }
+      else
+        @ticker = Ticker.new(THREAD, @interval, @log_writer, priority: PRIORITY,
+                             ready: -> { @launcher.wait_until_booted(BOOT_WAIT) }).start { check }
+      end
       self
     end
 
+    # The runner's child is stopped first, so a check in progress ends at once.
     def stop
+      @job&.stop
       @ticker&.stop
       @runner&.stop if @runner.respond_to?(:stop)
+      @thread&.join(STOP_WAIT)
+    end
+
+    private
+
+    # From the supervising loop: the check on a thread of its own, unless
+    # the previous one still runs.
+    def check_on_thread
+      return if @thread&.alive?
+
+      @thread = Threads.spawn(THREAD, @log_writer) do
+        Thread.current.priority = PRIORITY
+        check
+      end
     end
   end
 end

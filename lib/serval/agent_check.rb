@@ -2,6 +2,7 @@
 
 require "socket"
 require "serval/threads"
+require "serval/fork_hook"
 
 module Serval
   # The HAProxy agent-check responder (option agent_check_url
@@ -36,16 +37,6 @@ module Serval
       end
     end
 
-    # Ruby >= 3.1 calls Process._fork for every fork.
-    module ForkHook
-      def _fork
-        pid = super
-        Serval::AgentCheck.after_fork_child if pid.zero?
-        pid
-      end
-    end
-    Process.singleton_class.prepend(ForkHook) if Process.respond_to?(:_fork)
-
     attr_reader :url
 
     def initialize(launcher, url, log_writer)
@@ -58,7 +49,10 @@ module Serval
       raise ConfigError, "agent_check_url: cannot listen on #{url} (#{e.message})"
     end
 
+    # A forked child (a worker, an app's fork) closes its copy of the
+    # listener at once (ForkHook, installed here), so only this process answers.
     def start
+      ForkHook.on_child(AgentCheck) { AgentCheck.after_fork_child }
       self.class.track(self)
       @thread = Threads.spawn("serval-agent-check", @log_writer) { serve }
       @log_writer.info("* HAProxy agent-check on #{@url}")

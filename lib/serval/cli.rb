@@ -164,6 +164,7 @@ module Serval
       on(o, "--control-token TOKEN", "Control app token (default: generated and printed)") { |v| @dsl.control_auth_token(v) }
       on(o, "--metrics-bind URI", "Serve Prometheus /metrics on URI (no token)") { |v| @dsl.metrics_bind(v) }
       on(o, "-S", "--state PATH", "Write pid, control URL and token to PATH (YAML)") { |v| @dsl.state_path(v) }
+      on(o, "--db-pool-wait", "Measure pool_wait: patches Active Record's private ConnectionPool::Queue#wait_poll") { @dsl.db_pool_wait(true) }
     end
 
     def puma_options(o)

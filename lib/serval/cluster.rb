@@ -112,6 +112,7 @@ module Serval
         reap
         check_deadlines
         @stopping ? finish_stop : maintain
+        run_jobs unless @done
       end
     end
 
@@ -219,7 +220,7 @@ module Serval
     def next_timeout
       deadlines = @workers.values.map { |h| h.deadline(@options) }
       deadlines.concat(@spawn_at.values.select { |at| at > now })
-      [[*deadlines.map { |d| d - now }, @options[:worker_check_interval]].min, 0.01].max
+      [[*deadlines.map { |d| d - now }, @options[:worker_check_interval], jobs_timeout].compact.min, 0.01].max
     end
 
     def maintain

@@ -95,6 +95,7 @@ module Serval
       error_log_limit: 10,
       advice_log_interval: 60.0, # seconds between advice checks (docs/tuning.md); 0: off
       fair_timeslice: 0.0, # off: Ruby's 100 ms slice; true/ms: a computing request thread keeps the GVL from a waiting one that long (docs/tuning.md)
+      db_pool_wait: false, # measure pool_wait: wraps Active Record's private ConnectionPool::Queue#wait_poll (DbPools)
       gvl_balance: true, # cluster: a GVL-bound worker leaves connections to siblings (docs/tuning.md)
       thread_polls: true, # request threads read requests between requests while the loop parks (docs/DESIGN.md)
       gvl_balance_interval: 1.0, # seconds: the load window, and the least time between two moves
@@ -194,6 +195,7 @@ module Serval
       error_log_limit: [:int, 0, 1_000_000],
       advice_log_interval: [:seconds, 0.0, DAY], # 0, or at least ADVICE_LOG_MIN (check_relations)
       fair_timeslice: [:timeslice, 1.0, 100.0], # milliseconds, or 0/false (off)
+      db_pool_wait: [:bool],
       gvl_balance: [:bool],
       thread_polls: [:bool],
       gvl_balance_interval: [:seconds, 0.2, 60.0],

@@ -4,13 +4,15 @@ require "securerandom"
 require "serval/binder"
 require "serval/configuration"
 require "serval/state_file"
+require "serval/fork_hook"
 
 module Serval
   # What the launcher starts beside the app, in the master (or single)
   # process: the control app (control_url), the Prometheus listener
   # (metrics_bind) and the state file (state_path). Each listener is a small
   # Server of its own with one thread. A forked child closes the inherited
-  # listeners at once (Process._fork hook), so only the master answers.
+  # listeners at once (ForkHook, installed when this starts), so only the
+  # master answers.
   #
   #   control = Serval::Control.after_boot(launcher) if Serval::Control.wanted?(options)
   #   launcher.run   # the control parts start once the launcher has booted
@@ -60,17 +62,6 @@ module Serval
       end
     end
 
-    # Prepended to Process's singleton class (Ruby >= 3.1 calls _fork for
-    # every fork).
-    module ForkHook
-      def _fork
-        pid = super
-        Serval::Control.after_fork_child if pid.zero?
-        pid
-      end
-    end
-    Process.singleton_class.prepend(ForkHook) if Process.respond_to?(:_fork)
-
     attr_reader :token, :control_urls, :metrics_urls, :failure
 
     def initialize(launcher, options, log_writer)
@@ -84,6 +75,7 @@ module Serval
     end
 
     def start
+      ForkHook.on_child(Control) { Control.after_fork_child } # before any listener exists
       self.class.track(self)
       start_control if @options[:control_url]
       start_metrics if @options[:metrics_bind]

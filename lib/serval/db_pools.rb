@@ -12,15 +12,22 @@ module Serval
   #   from ConnectionPool#stat on the stats path (the control app's thread,
   #   a worker's check-in), never on a request thread. Pools established
   #   after boot (another database, a shard) show up at the next read.
-  # - pool_wait: Active Record blocks a checkout in ConnectionPool::Queue#
-  #   wait_poll (Rails 7.1 to 8.1), reached only when no connection is free.
-  #   WaitMeter wraps it in Native::PoolWait.enter/leave, which keep the
-  #   blocked time per thread in C (ext/serval/gvl.c) for Timing#pool_wait.
-  #   A checkout that finds a free connection runs no Serval code at all.
+  # - pool_wait, only with the option db_pool_wait (off by default): Active
+  #   Record blocks a checkout in ConnectionPool::Queue#wait_poll (Rails 7.1
+  #   to 8.1), reached only when no connection is free. That method is
+  #   private and Active Record publishes no event for the wait (no
+  #   ActiveSupport::Notifications event around it in 7.1 to 8.1; the public
+  #   ConnectionPool#checkout also times connecting and verifying), so
+  #   WaitMeter is prepended to it, and only when asked for: it wraps the
+  #   wait in Native::PoolWait.enter/leave, which keep the blocked time per
+  #   thread in C (ext/serval/gvl.c) for Timing#pool_wait. A checkout that
+  #   finds a free connection runs no Serval code at all. A wait_poll whose
+  #   signature is not (timeout) is left alone, with a warning.
   # - A warning, once per pool and process, when max_threads is above the
   #   pool's size: the threads beyond it wait for a connection.
   module DbPools
     FIGURES = %i[size connections busy idle waiting dead].freeze
+    WAIT_POLL = [[:req, :timeout]].freeze # ConnectionPool::Queue#wait_poll's parameters, 7.1 to 8.1
 
     # Prepended to ActiveRecord::ConnectionAdapters::ConnectionPool::Queue.
     module WaitMeter
@@ -66,12 +73,15 @@ module Serval
         @attached
       end
 
-      # Starts measuring pool_wait (once per process tree: the prepend and the
-      # flag survive fork) and warns about pools smaller than max_threads.
+      # Starts measuring pool_wait when db_pool_wait is on (once per process
+      # tree: the prepend and the flag survive fork) and warns about pools
+      # smaller than max_threads.
       def attach
         @mutex.synchronize do
-          meter unless @metered
-          @metered = true
+          if !@metered && @options&.[](:db_pool_wait)
+            meter
+            @metered = true
+          end
           @attached = true
         end
         list = pools
@@ -110,13 +120,23 @@ module Serval
 
       def meter
         queue = ::ActiveRecord::ConnectionAdapters::ConnectionPool::Queue
-        if queue.private_method_defined?(:wait_poll) || queue.method_defined?(:wait_poll)
+        problem = wait_poll_problem(queue)
+        if problem
+          @log_writer&.warn("serval: db_pool_wait: Active Record #{::ActiveRecord.version} #{problem}; " \
+                            "pool_wait is not measured")
+        else
           queue.prepend(WaitMeter)
           Native::PoolWait.enable
-        else
-          @log_writer&.warn("serval: Active Record #{::ActiveRecord.version} has no ConnectionPool::Queue#wait_poll; " \
-                            "pool_wait is not measured")
         end
+      end
+
+      # nil when ConnectionPool::Queue#wait_poll is what WaitMeter wraps.
+      def wait_poll_problem(queue)
+        return "has no ConnectionPool::Queue#wait_poll" unless queue.private_method_defined?(:wait_poll) ||
+                                                               queue.method_defined?(:wait_poll)
+
+        params = queue.instance_method(:wait_poll).parameters
+        "has ConnectionPool::Queue#wait_poll(#{params.map(&:last).join(', ')}), not (timeout)" unless params == WAIT_POLL
       end
 
       def pools

@@ -24,7 +24,7 @@ module Serval
       output_buffer output_budget max_spill max_keepalive_requests min_body_rate max_queue_time tmpdir
       drain_timeout thread_idle_timeout backlog environment rackup directory pidfile state_path metrics_bind
       control_url control_auth_token error_log_limit gvl_balance gvl_balance_interval agent_check_url thread_polls
-      threads_auto_max auto_interval max_io_threads io_lane_idle
+      threads_auto_max auto_interval max_io_threads io_lane_idle db_pool_wait
     ].freeze
 
     DEFAULT_HOST = "0.0.0.0"

@@ -17,9 +17,22 @@ module Serval
   #
   # The event loop records each answer in a bounded ring (ext/serval/errlog.c)
   # and never waits for this reader; records that do not fit are counted and
-  # reported in the same line. A thread drains the ring, waiting without the GVL.
+  # reported in the same line. Who drains the ring:
+  #
+  # - polled (#start(poll: true)): the process's own loop, on its main
+  #   thread (Single#supervise, a cluster worker's loop), waits on #io
+  #   beside its other descriptors and calls #drain when it is readable or
+  #   #due seconds have passed. No thread.
+  # - otherwise a thread of its own ("serval-errlog"), waiting without the
+  #   GVL: for a Server that no loop watches (the control app's, a Server
+  #   used on its own).
+  #
+  #   log = Serval::ErrorLog.new(core, log_writer, limit: 10).start(poll: true)
+  #   IO.select([log.io], nil, nil, log.due)
+  #   log.drain
   class ErrorLog
     WINDOW = 1.0 # seconds
+    BATCH = 64 # ext/serval/core.c SV_ERRLOG_BATCH: a full batch may leave more
 
     # limit: lines per second; nil takes the default (Configuration::DEFAULTS)
     def initialize(core, log_writer, limit:)
@@ -32,17 +45,46 @@ module Serval
       @lost = 0
       @stopping = false
       @thread = nil
+      @io = nil
+      @due_at = nil
+      @mutex = Mutex.new # polled: #drain on the loop, #stop on the thread that stops the server
     end
 
-    def start
-      return self if @limit.zero? || @thread
+    def start(poll: false)
+      return self if @limit.zero? || @thread || @io
 
-      @thread = Threads.spawn("serval-errlog", @log_writer) { run }
+      if poll && (fd = @core.error_fd)
+        @io = IO.for_fd(fd, autoclose: false) # the core owns the descriptor
+      else
+        @thread = Threads.spawn("serval-errlog", @log_writer) { run }
+      end
       self
+    end
+
+    # Polled: readable while records wait (nil when not polled, or stopped).
+    attr_reader :io
+
+    # Polled: seconds until a suppressed count is due (then #drain), or nil.
+    def due(now = Process.clock_gettime(Process::CLOCK_MONOTONIC))
+      at = @due_at
+      at && [at - now, 0].max
+    end
+
+    # Polled: takes what the ring holds, without waiting, and logs it.
+    def drain(now = Process.clock_gettime(Process::CLOCK_MONOTONIC))
+      @mutex.synchronize do
+        return unless @io
+
+        take(now)
+      end
+    rescue StandardError => e
+      @log_writer.exception(e, "serval: error log")
     end
 
     # After the core has stopped: writes what is left, then returns.
     def stop(timeout = 2.0)
+      return stop_polled if @io
+
       thread = @thread
       return unless thread
 
@@ -75,6 +117,27 @@ module Serval
     end
 
     private
+
+    def take(now)
+      loop do
+        events, dropped = @core.error_events(0)
+        wait = handle(events, dropped, now)
+        @due_at = wait && now + wait
+        break if events.size < BATCH
+      end
+    end
+
+    def stop_polled
+      @mutex.synchronize do
+        break unless @io
+
+        now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        take(now)
+        flush(now)
+        @io = nil
+        @due_at = nil
+      end
+    end
 
     def run
       wait = nil

@@ -29,6 +29,7 @@ module Serval
     # signals:      false leaves the process's trap handlers alone (in-process use)
     # restart_argv: the command a hot restart (USR2) execs; nil disables it
     def initialize(options, log_writer: LogWriter.new, app: nil, signals: true, restart_argv: nil)
+      Support.refuse_mn_threads
       @mode = options.fetch(:workers, 0).positive? ? :cluster : :single
       log_writer.configure(options) if log_writer.respond_to?(:configure) # log_formatter, custom_logger
       app ||= options[:app] # a config file's `app { }`
@@ -94,6 +95,10 @@ module Serval
       enqueue(graceful ? :stop : :halt)
     end
 
+    # A periodic job on the supervising loop (Supervisor#every): the advice
+    # log's checks.
+    def every(interval, &block) = @impl.every(interval, &block)
+
     def enqueue(command)
       raise ArgumentError, "unknown launcher command #{command.inspect}" unless COMMANDS.include?(command)
 
@@ -156,6 +161,19 @@ module Serval
     # uses too.
     module Support
       module_function
+
+      # Ruby 3.3's M:N threads (RUBY_MN_THREADS=1; RUBY_DESCRIPTION then
+      # says +MN) run several Ruby threads on one native thread. Serval's
+      # native core keeps per-thread state in native threads (the GVL
+      # hook's timing, thread polls), so it refuses to start rather than
+      # measure and schedule wrongly.
+      def refuse_mn_threads(description = RUBY_DESCRIPTION)
+        return unless description.include?(" +MN ")
+
+        raise ConfigError, "RUBY_MN_THREADS=1 (Ruby's M:N threads) is not supported: Serval's native core keeps " \
+                           "per-thread state that needs one native thread per Ruby thread. Unset RUBY_MN_THREADS " \
+                           "(or set it to 0) and start again"
+      end
 
       # Every write to stdout/stderr reaches the pipe or file at once (Puma
       # does the same): without it an app's log lines on a pipe (Docker,

@@ -14,6 +14,11 @@ require "serval/remote_address"
 module Serval
   # One serving process: the native I/O core plus the Ruby thread pool.
   # Create it after fork; #run starts the core's event-loop thread.
+  #
+  # poll_errors: true leaves the error-response log (ErrorLog) to the
+  # caller's loop (#error_log's io, due and drain; Single, a cluster worker)
+  # instead of a thread of its own. stopped: called once the server has
+  # stopped (#stop, #halt), on the thread that stopped it.
   class Server
     CORE_KEYS = %i[max_request_line max_head max_headers max_body body_spill max_chunk_ext
                    first_data_timeout read_timeout persistent_timeout write_timeout
@@ -21,8 +26,9 @@ module Serval
                    max_queue_time tmpdir balance balance_close thread_polls].freeze
 
     attr_reader :thread_pool, :options, :core # core: the Native::Core (Cluster::Balancer switches it)
+    attr_reader :error_log
 
-    def initialize(app, options, log_writer:)
+    def initialize(app, options, log_writer:, poll_errors: false, stopped: nil)
       @app = app
       @options = options
       @log_writer = log_writer
@@ -33,6 +39,8 @@ module Serval
                                            log_writer: log_writer, handler: @handler,
                                            hooks: options.slice(:before_thread_start, :before_thread_exit, :out_of_band))
       @error_log = ErrorLog.new(@core, log_writer, limit: options[:error_log_limit])
+      @poll_errors = poll_errors
+      @on_stopped = stopped
       auto_parts(options, log_writer)
       @listeners = []
       @state = :new
@@ -51,7 +59,7 @@ module Serval
     def run
       @handler.timing&.enable # the GVL hook, once per process (again after fork)
       @core.start
-      @error_log.start
+      @error_log.start(poll: @poll_errors)
       start_fairness
       @thread_pool.start
       @tuner&.start
@@ -189,10 +197,13 @@ module Serval
 
     def mark_stopped
       Fairness.stop if @fairness
-      @mutex.synchronize do
+      first = @mutex.synchronize do
+        was = @state
         @state = :stopped
         @stopped.broadcast
+        was != :stopped
       end
+      @on_stopped&.call if first
     end
 
     def listener_address(io)

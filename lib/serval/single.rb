@@ -5,14 +5,17 @@ require "serval/supervisor"
 module Serval
   # Single mode: one process loads the app, binds, runs the Server and
   # supervises it. Boot, commands, restart and cleanup are Supervisor's;
-  # here: the Server, the loop (commands only) and how a stop reaches the
-  # Server. The cluster-only commands have no handler here, so #enqueue
-  # refuses them (the control app answers 501) and their signals are logged
-  # and ignored.
+  # here: the Server, the loop and how a stop reaches the Server. The loop,
+  # on the main thread, waits on the commands pipe and the Server's error
+  # ring (ErrorLog#io) and runs the periodic jobs; the Server tells it when
+  # it has stopped. No thread of its own but the stopper, during a drain.
+  # The cluster-only commands have no handler here, so #enqueue refuses
+  # them (the control app answers 501) and their signals are logged and
+  # ignored.
   class Single < Supervisor
     MODE = "single"
     SIGNALS = Signals::SINGLE
-    JOIN_TIMEOUT = 5 # seconds for the stopper and watcher threads at the end
+    JOIN_TIMEOUT = 5 # seconds for the stopper thread at the end
 
     attr_reader :server
 
@@ -57,23 +60,28 @@ module Serval
     end
 
     def start
-      @server = Server.new(@app, @options, log_writer: @log_writer)
+      @server = Server.new(@app, @options, log_writer: @log_writer, poll_errors: true,
+                                           stopped: -> { @signals.push(:stopped) })
       @binder.listeners.each { |l| @server.listen(l.io, l.tls) }
       @server.run
       @server.watch_db_pools
-      @watcher = Thread.new do
-        Thread.current.name = "serval-watcher"
-        @server.join
-        @signals.push(:stopped)
-      end
     end
 
     def supervise
+      errors = @server.error_log
       until @done
-        @signals.wait(nil).each do |command|
-          handle(command)
-          break if @done
-        end
+        t = now
+        ready, = IO.select([@signals.reader, errors.io].compact, nil, nil, [errors.due(t), jobs_timeout(t)].compact.min)
+        errors.drain if errors.io
+        handle_commands if ready&.include?(@signals.reader)
+        run_jobs unless @done
+      end
+    end
+
+    def handle_commands
+      @signals.read.each do |command|
+        handle(command)
+        break if @done
       end
     end
 
@@ -116,7 +124,6 @@ module Serval
     def release
       @server.halt if @server && !@stopping && !@server_done
       @stopper&.join(JOIN_TIMEOUT)
-      @watcher&.join(JOIN_TIMEOUT)
     end
   end
 end

@@ -26,7 +26,9 @@ module Serval
   #   release                end what start began (cleanup and exec_restart)
   #   update_title           the process title
   # and may override forward(signal) (its workers), keep_listeners_for_exec,
-  # process_label, and add on_<command> handlers of its own.
+  # process_label, and add on_<command> handlers of its own. Its loop also
+  # runs the periodic jobs (#every): #jobs_timeout bounds its wait and
+  # #run_jobs runs what is due.
   class Supervisor
     include BootState
 
@@ -45,6 +47,7 @@ module Serval
       @signals = Signals.new
       @status = 0
       @preload = nil # a cluster's preload_app; single mode always loads the app before binding
+      @jobs = []
       init_boot_state
     end
 
@@ -78,6 +81,22 @@ module Serval
       @signals.push(command)
     end
 
+    # A periodic job on this process's loop (the main thread): every
+    # interval seconds from the loop's first turn after boot. The block must
+    # not wait for anything (commands wait behind it): work that can hands
+    # itself to a thread. Call it before #run or on the loop; #stop on the
+    # returned Job ends it.
+    def every(interval, &block)
+      raise ArgumentError, "interval must be > 0" unless interval.to_f.positive?
+
+      Job.new(Float(interval), block).tap { |job| @jobs << job }
+    end
+
+    # One #every job: its next run is set at the loop's first turn.
+    Job = Struct.new(:interval, :block, :next_at, :stopped) do
+      def stop = self.stopped = true
+    end
+
     # thread name => backtrace (Array of String) for every thread of this process.
     def thread_backtraces
       Launcher::Support.thread_backtraces
@@ -103,6 +122,28 @@ module Serval
       start
       update_title
       change_state(:booted)
+    end
+
+    # Seconds until the next job is due (nil: no job).
+    def jobs_timeout(t = now)
+      @jobs.reject!(&:stopped)
+      @jobs.each { |job| job.next_at ||= t + job.interval }
+      @jobs.map { |job| [job.next_at - t, 0].max }.min
+    end
+
+    # Runs the jobs that are due; a job that raised is logged and goes on.
+    def run_jobs(t = now)
+      @jobs.each do |job|
+        next if job.stopped || job.next_at.nil? || t < job.next_at
+
+        job.next_at += job.interval
+        job.next_at = t + job.interval if job.next_at <= t # late by a whole interval: no catching up
+        begin
+          job.block.call
+        rescue StandardError => e
+          @log_writer.exception(e, "serval: periodic job failed")
+        end
+      end
     end
 
     # Every command, whatever sent it, arrives here.

@@ -4,9 +4,11 @@ require "serval/threads"
 
 module Serval
   # A named background thread that runs a block every `interval` seconds
-  # until #stop: the one start / sleep / stop pattern of the server's
-  # periodic jobs (the auto tuner, the I/O lane, the advice log line, the
-  # cluster balancer, the tmp_restart plugin). It sleeps on a condition
+  # until #stop: the one start / sleep / stop pattern of the periodic jobs
+  # that features start (the auto tuner, the I/O lane, the tmp_restart
+  # plugin; the advice log line when no supervising loop runs it). What a
+  # default process does periodically runs on its loop instead
+  # (Supervisor#every, a cluster worker's loop). It sleeps on a condition
   # variable to a deadline, so #stop wakes it at once and a spurious wake-up
   # does not shorten an interval.
   #

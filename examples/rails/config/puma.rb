@@ -51,3 +51,8 @@ http_content_length_limit 256 * 1024 * 1024
 # Prometheus metrics, including the Active Record pool figures
 # (serval_db_pool_*). Serval only: Puma's DSL has no metrics_bind.
 metrics_bind ENV["METRICS_BIND"] if ENV["METRICS_BIND"] && respond_to?(:metrics_bind)
+
+# pool_wait: how long requests wait for a database connection (the
+# serval_request_pool_wait_seconds histogram, the access log's pool_wait=).
+# Off by default: it wraps a private Active Record method. Serval only.
+db_pool_wait true if respond_to?(:db_pool_wait)

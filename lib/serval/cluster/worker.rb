@@ -13,7 +13,9 @@ module Serval
     # (native core and thread pool start here, never in the master), checks in
     # with the master every worker_check_interval seconds with its stats,
     # answers the master's requests (CommandChannel) and stops gracefully on
-    # TERM or when the master's end of the command channel closes.
+    # TERM or when the master's end of the command channel closes. One loop
+    # on the main thread does all of it, and also drains the Server's error
+    # ring (ErrorLog#io) and runs the Balancer's ticks: no thread of its own.
     class Worker
       def initialize(index:, options:, app:, binder:, log_writer:, status_io:, control_io:, load_table: nil)
         @index = index
@@ -57,7 +59,7 @@ module Serval
         require "serval/server"
         app = @app || Launcher::Support.load_app(@options[:rackup])
         @server = Server.new(app, @options.merge(balance: true, balance_close: @options[:gvl_balance]),
-                             log_writer: @log_writer)
+                             log_writer: @log_writer, poll_errors: true)
         @binder.listeners.each { |l| @server.listen(l.io, l.tls) }
         @server.run
         @server.watch_db_pools
@@ -65,26 +67,34 @@ module Serval
       end
 
       # The load this worker publishes for its siblings and the master, and
-      # GVL-aware balancing (gvl_balance) against the siblings it finds.
+      # GVL-aware balancing (gvl_balance) against the siblings it finds:
+      # Balancer#tick every Balancer::TICK seconds, from the loop.
       def start_balancer
         return unless @load_table
 
         @balancer = Balancer.new(server: @server, table: @load_table, index: @index, log_writer: @log_writer,
-                                 interval: @options[:gvl_balance_interval], enabled: @options[:gvl_balance]).start
+                                 interval: @options[:gvl_balance_interval], enabled: @options[:gvl_balance])
+        @next_tick = Launcher::Support.now
       end
 
       # Until a stop: the master's signals (Signals::WORKER, each handled by
-      # its on_<command>, Commands.dispatch), its requests, and check-ins.
+      # its on_<command>, Commands.dispatch), its requests, check-ins, the
+      # error ring and the balancer's ticks.
       def supervise
         interval = @options[:worker_check_interval]
         next_checkin = Launcher::Support.now + interval
+        errors = @server.error_log
         until @code
-          ready, = IO.select([@signals.reader, @control_io], nil, nil, [next_checkin - Launcher::Support.now, 0].max)
+          t = Launcher::Support.now
+          wait = [next_checkin - t, errors.due(t), @next_tick && @next_tick - t].compact.min
+          ready, = IO.select([@signals.reader, @control_io, errors.io].compact, nil, nil, [wait, 0].max)
+          errors.drain if errors.io
           if ready&.include?(@control_io) && !@responder.read
             @log_writer.info("- Worker #{@index} (PID: #{Process.pid}): master is gone, stopping")
             on_stop
           end
           @signals.read.each { |command| Commands.dispatch(self, command) unless @code } if ready&.include?(@signals.reader)
+          balance_tick unless @code
           if !@code && Launcher::Support.now >= next_checkin
             checkin
             next_checkin = Launcher::Support.now + interval
@@ -93,14 +103,29 @@ module Serval
         @code
       end
 
+      # A bad tick must not end balancing for the worker's life: logged once, ticks go on.
+      def balance_tick
+        t = Launcher::Support.now
+        return unless @next_tick && t >= @next_tick
+
+        @next_tick += Balancer::TICK
+        @next_tick = t + Balancer::TICK if @next_tick <= t # late by a whole tick: no catching up
+        @balancer.tick(t)
+      rescue StandardError => e
+        @log_writer.error("serval: balance tick failed (#{e.class}: #{e.message})") unless @balance_failed
+        @balance_failed = true
+      end
+
       def on_stop
         run_hooks(:before_worker_shutdown, @index)
+        @next_tick = nil
         @balancer&.stop
         @server.stop(@options[:drain_timeout])
         @code = 0
       end
 
       def on_halt
+        @next_tick = nil
         @balancer&.stop
         @server.halt
         @code = 0
