@@ -8,8 +8,9 @@ require "serval/supervisor"
 
 module Serval
   class Cluster < Supervisor
-    # One thread per worker ("serval-balance") that wakes every TICK seconds,
-    # never per request: measures this worker's load over the last
+    # Each worker's main loop (Cluster::Worker) calls #tick every TICK
+    # seconds, never per request; #start runs a "serval-balance" thread
+    # instead for a caller without such a loop. A tick measures this worker's load over the last
     # `interval` seconds (GVL held, requests in flight), publishes it in its
     # LoadTable slot, reads its siblings' and applies the BalancePolicy's
     # decision to the native core (Core#balance_hold=, Core#balance_move;
