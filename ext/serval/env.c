@@ -1,11 +1,11 @@
 /* Building the Rack env from a parsed request head (runs with the GVL). */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 #include <ruby.h>
 #include <ruby/encoding.h>
 #include <ruby/re.h>
-#include <ruby/st.h>
 #include "serval_ruby.h"
 #include "strcache.h"
 
@@ -15,42 +15,48 @@
 enum { E_METHOD, E_PATH, E_QUERY, E_URI, E_PROTO, E_REMOTE, E_NAME, E_PORT, E_HOST, E_HIJACK, E_FINISHED, E_AFTER, E_SLOTS };
 static VALUE slot_keys[E_SLOTS];
 
-/* The env fill (fill_entries, below): whether st.c's entry layout checked
- * out at load, and whether the direct fill is in use. */
-static int layout_ok, direct_fill;
-static int entry_layout_ok(void);
+/* Prepared bases (sv_build_env): a copy of the template with the values a
+ * client repeats request after request already in place, which the next
+ * request from the same client copies instead of the template. The values
+ * are the shared frozen Strings the plain build stores (interned
+ * REQUEST_METHOD, the string cache's SERVER_NAME, SERVER_PORT, HTTP_HOST,
+ * REMOTE_ADDR), compared by identity: a base is used only for exactly the
+ * objects the plain build would put in, so both give the same env. A
+ * direct-mapped table of SV_BASES entries; an entry's base is made the
+ * second time its values come (a client seen once costs no copy). Touched
+ * with the GVL held; marked through a typed object that is not
+ * write-barrier protected (entries are stored into it directly). */
+#define SV_BASES 32 /* a power of two */
+typedef struct {
+    VALUE tmpl;   /* the frozen template (kept alive: its address names it) */
+    VALUE method, proto, remote, name, port, host;
+    int tls;
+    VALUE base;   /* Qnil: values seen once, no base yet; Qfalse: the template does not fit; else the Hash */
+} env_base;
+static env_base bases[SV_BASES];
+static int use_bases = 1; /* Serval::Native.env_fill: :prepared (1) or :plain (0) */
 
-/* Which slot a key is, by its address (the slot keys are pinned: rb_gc_mark
- * through rb_gc_register_mark_object): open addressing, SV_SLOT_TABLE
- * entries for E_SLOTS keys, so a template key that is no slot usually
- * costs one probe. */
-#define SV_SLOT_TABLE 64
-static struct {
-    VALUE key;
-    int slot;
-} slot_table[SV_SLOT_TABLE];
-
-static unsigned slot_hash(VALUE key)
+static void bases_mark(void *p)
 {
-    return (unsigned)((key >> 3) ^ (key >> 9)) & (SV_SLOT_TABLE - 1);
+    for (int i = 0; i < SV_BASES; i++) {
+        const env_base *e = &bases[i];
+        if (!e->tmpl)
+            continue;
+        rb_gc_mark(e->tmpl);
+        rb_gc_mark(e->method);
+        rb_gc_mark(e->remote);
+        rb_gc_mark(e->name);
+        rb_gc_mark(e->port);
+        rb_gc_mark(e->host);
+        rb_gc_mark(e->base);
+    }
 }
 
-static void slot_table_add(VALUE key, int slot)
-{
-    unsigned i = slot_hash(key);
-    while (slot_table[i].key)
-        i = (i + 1) & (SV_SLOT_TABLE - 1);
-    slot_table[i].key = key;
-    slot_table[i].slot = slot;
-}
-
-static int slot_of(VALUE key)
-{
-    for (unsigned i = slot_hash(key); slot_table[i].key; i = (i + 1) & (SV_SLOT_TABLE - 1))
-        if (slot_table[i].key == key)
-            return slot_table[i].slot;
-    return -1;
-}
+static const rb_data_type_t bases_type = {
+    "Serval::Native::EnvBases",
+    {bases_mark, NULL, NULL},
+    NULL, NULL, 0,
+};
 
 /* REQUEST_METHOD: an interned String; the common methods without a lookup
  * in Ruby's table of interned strings (method_str). */
@@ -107,10 +113,8 @@ void sv_init_env(void)
         [E_NAME] = "SERVER_NAME", [E_PORT] = "SERVER_PORT", [E_HOST] = "HTTP_HOST", [E_HIJACK] = "rack.hijack",
         [E_FINISHED] = "rack.response_finished", [E_AFTER] = "rack.after_reply",
     };
-    for (int i = 0; i < E_SLOTS; i++) {
+    for (int i = 0; i < E_SLOTS; i++)
         slot_keys[i] = fstr(slot_names[i]);
-        slot_table_add(slot_keys[i], i);
-    }
     for (int i = 0; common_methods[i]; i++)
         method_keys[i] = fstr(common_methods[i]);
     v_80 = sv_strcache_get("80", 2);
@@ -138,8 +142,8 @@ void sv_init_env(void)
         common_keys[i] = header_key_build(common_headers[i], common_lens[i]);
         rb_gc_register_mark_object(common_keys[i]);
     }
-    layout_ok = entry_layout_ok();
-    direct_fill = layout_ok;
+    VALUE holder = TypedData_Wrap_Struct(0, &bases_type, bases);
+    rb_gc_register_mark_object(holder);
 }
 
 static int name_is(const char *name, size_t len, const char *lower, size_t llen)
@@ -191,51 +195,6 @@ static VALUE method_str(const char *m, size_t n)
     return i >= 0 ? method_keys[i] : rb_enc_interned_str(m, (long)n, rb_utf8_encoding());
 }
 
-/* st_update callback for one header field: a new key takes the String made
- * for it (allocated before the call: nothing here may run the GC); an
- * existing one is left alone and reported, the caller appends to it. */
-typedef struct {
-    VALUE fresh;
-    VALUE prev;
-} header_put;
-
-static int header_update(st_data_t *key, st_data_t *value, st_data_t arg, int existing)
-{
-    header_put *put = (header_put *)arg;
-    if (existing)
-        put->prev = (VALUE)*value;
-    else
-        *value = (st_data_t)put->fresh;
-    return ST_CONTINUE;
-}
-
-static void add_header(VALUE env, st_table *tbl, const sv_request *r, const sv_header *h, int *upstream)
-{
-    /* A name with '_' would alias a '-' name in the env (HTTP_X_FOO): dropped. */
-    if (memchr(h->name, '_', h->name_len))
-        return;
-    VALUE key = header_key(h->name, h->name_len);
-    if (key == k_clen) {
-        /* the parser accepts "5, 5", "005" or repeated identical fields; the
-         * app gets the one decimal value it validated */
-        if (r->content_length >= 0)
-            rb_hash_aset(env, k_clen, rb_sprintf("%lld", (long long)r->content_length));
-        return;
-    }
-    if (key == k_xrs || key == k_xqs)
-        *upstream = 1;
-    /* One hash of the key per field (a lookup and then an aset would hash it
-     * twice); the key is an interned String, as Hash#[]= would store it. */
-    header_put put = {bin(h->value, h->value_len), Qundef};
-    st_update(tbl, (st_data_t)key, header_update, (st_data_t)&put);
-    if (put.prev == Qundef)
-        return;
-    if (key == k_ctype || !RB_TYPE_P(put.prev, T_STRING))
-        return;
-    rb_str_cat(put.prev, key == k_cookie ? "; " : ", ", 2);
-    rb_str_cat(put.prev, h->value, (long)h->value_len);
-}
-
 /* SERVER_NAME and SERVER_PORT from the Host (or absolute-form authority),
  * else the listener's. */
 static void server_name(sv_conn *c, VALUE *name, VALUE *port)
@@ -267,126 +226,6 @@ static void server_name(sv_conn *c, VALUE *name, VALUE *port)
         *port = c->tls ? v_443 : v_80;
 }
 
-/* The keys every request sets. The template (lib/serval/request_handler.rb)
- * holds each of them (value nil) first, so its copy already has them in
- * place: one pass over the copy's first entries puts the values in
- * (st_foreach_with_replace), stopping once every slot is filled, instead of
- * one hash lookup and update per key. A key the template lacks is added by
- * rb_hash_aset afterwards, so the result never depends on it. */
-
-typedef struct {
-    VALUE val[E_SLOTS];
-    unsigned filled;           /* bit i: val[i] is in the table */
-    int pending;               /* the slot the replace callback fills */
-} env_fill;
-
-static int fill_check(st_data_t key, st_data_t value, st_data_t arg, int error)
-{
-    env_fill *f = (env_fill *)arg;
-    if (error)
-        return ST_STOP;
-    if (f->filled == (1u << E_SLOTS) - 1)
-        return ST_STOP; /* every slot is in: the template's other keys keep their values */
-    int i = slot_of((VALUE)key);
-    if (i < 0 || (f->filled & (1u << i)))
-        return ST_CONTINUE;
-    f->pending = i;
-    return ST_REPLACE;
-}
-
-static int fill_replace(st_data_t *key, st_data_t *value, st_data_t arg, int existing)
-{
-    env_fill *f = (env_fill *)arg;
-    *value = (st_data_t)f->val[f->pending];
-    f->filled |= 1u << f->pending;
-    return ST_CONTINUE;
-}
-
-/* The same pass without st_foreach_with_replace's generic machinery (a
- * callback pair per entry, rebuild checks): straight over the copy's entry
- * array. st.c keeps the entry type private; its layout (hash, key, record,
- * unchanged since Ruby 2.4) is checked once at load (entry_layout_ok) on a
- * table of known keys and values, and the generic pass is used when the
- * check fails. A deleted entry keeps its key with the reserved hash value. */
-typedef struct {
-    st_data_t hash, key, record;
-} entry_view;
-
-static int entry_live(const entry_view *e)
-{
-    return e->hash != (st_data_t)~(st_data_t)0;
-}
-
-static int entry_layout_ok(void)
-{
-    enum { N = 20 };
-    VALUE h = rb_hash_new(), keys[N], vals[N];
-    for (int i = 0; i < N; i++) {
-        keys[i] = rb_obj_freeze(rb_sprintf("serval-layout-%d", i));
-        vals[i] = INT2FIX(i * 3 + 1);
-        rb_hash_aset(h, keys[i], vals[i]);
-    }
-    st_table *tbl = RHASH_TBL(h);
-    const entry_view *e = (const entry_view *)tbl->entries;
-    int ok = tbl->entries_start == 0 && tbl->entries_bound == N && tbl->num_entries == N;
-    for (int i = 0; ok && i < N; i++) {
-        VALUE k = (VALUE)e[i].key;
-        ok = entry_live(&e[i]) && (k == keys[i] || rb_str_equal(k, keys[i]) == Qtrue) &&
-             (VALUE)e[i].record == vals[i];
-    }
-    RB_GC_GUARD(h);
-    return ok;
-}
-
-/* Where the last template's copy held each slot key (the copies of one
- * template share its layout): each store is then checked against the key it
- * expects instead of looking the entry's key up. Touched with the GVL held. */
-#define SV_NO_POS ((st_index_t)-1)
-static struct {
-    VALUE tmpl;                /* compared by value only, never dereferenced */
-    st_index_t bound;
-    st_index_t at[E_SLOTS];    /* entry index, or SV_NO_POS: not in the template */
-} pos;
-
-static int fill_known(st_table *tbl, env_fill *f, VALUE tmpl)
-{
-    if (pos.tmpl != tmpl || pos.bound != tbl->entries_bound)
-        return 0;
-    entry_view *e = (entry_view *)tbl->entries;
-    for (int i = 0; i < E_SLOTS; i++) {
-        st_index_t j = pos.at[i];
-        if (j != SV_NO_POS && (e[j].key != (st_data_t)slot_keys[i] || !entry_live(&e[j])))
-            return 0; /* another template at this address, or changed: scan */
-    }
-    for (int i = 0; i < E_SLOTS; i++)
-        if (pos.at[i] != SV_NO_POS) {
-            e[pos.at[i]].record = (st_data_t)f->val[i];
-            f->filled |= 1u << i;
-        }
-    return 1;
-}
-
-static void fill_entries(st_table *tbl, env_fill *f, VALUE tmpl)
-{
-    if (fill_known(tbl, f, tmpl))
-        return;
-    entry_view *e = (entry_view *)tbl->entries;
-    for (int i = 0; i < E_SLOTS; i++)
-        pos.at[i] = SV_NO_POS;
-    for (st_index_t j = tbl->entries_start; j < tbl->entries_bound && f->filled != (1u << E_SLOTS) - 1; j++) {
-        if (!entry_live(&e[j]))
-            continue; /* deleted */
-        int i = slot_of((VALUE)e[j].key);
-        if (i < 0 || (f->filled & (1u << i)))
-            continue;
-        e[j].record = (st_data_t)f->val[i];
-        f->filled |= 1u << i;
-        pos.at[i] = j;
-    }
-    pos.tmpl = tmpl;
-    pos.bound = tbl->entries_bound;
-}
-
 /* REMOTE_ADDR: the connection's address (the socket's peer, a PROXY
  * header's source, or set_remote_address's value), or with
  * set_remote_address header: the first element of that field's first line
@@ -410,54 +249,199 @@ static VALUE remote_addr(const sv_conn *c, const sv_request *r)
     return sv_strcache_get(c->remote, strlen(c->remote));
 }
 
-/* Builds the env of c's request from the frozen template: the CGI keys,
- * the HTTP_* headers, rack.hijack (hijack: the Request itself), and new
- * rack.response_finished / rack.after_reply Arrays (returned in *finished,
- * *after). *upstream is set when an X-Request-Start or X-Queue-Start header
- * is present (timing reads it). */
-VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE *after, int *upstream)
+/* Header fields into the env, in order: each key once (one hash of it), a
+ * repeated field appended to the String the first one stored (joined by
+ * ", ", Cookie by "; ", Content-Type: the first one kept). Repeats are found
+ * by the key's address (the keys are interned Strings: one name, one
+ * object) in an open-addressing table on the stack, twice the fields'
+ * number of slots. A field's value replaces a template's value under the
+ * same key. */
+typedef struct {
+    VALUE key;
+    VALUE val; /* the String stored, or Qnil: nothing to append to */
+} seen_field;
+
+static size_t seen_slot(VALUE key, size_t mask)
 {
-    const sv_request *r = c->req;
-    env_fill f;
-    f.filled = 0;
-    f.pending = 0;
-    /* every value is made before the table is touched: the fill below must
-     * not allocate (a GC in the middle of an st iteration) */
-    f.val[E_METHOD] = method_str(r->method, r->method_len);
-    f.val[E_PATH] = bin(r->path, r->path_len);
-    f.val[E_QUERY] = r->query_len ? bin(r->query, r->query_len) : sv_strcache_get("", 0);
-    f.val[E_URI] = bin(r->target, r->target_len);
-    f.val[E_PROTO] = r->minor_version ? v_http11 : v_http10;
-    f.val[E_REMOTE] = remote_addr(c, r);
-    server_name(c, &f.val[E_NAME], &f.val[E_PORT]);
-    /* Host: in every HTTP/1.1 request (the parser demands it), so a slot;
-     * an HTTP/1.0 request without one has the key taken out below */
-    const sv_header *host = r->host_field >= 0 ? &r->headers[r->host_field] : NULL;
-    f.val[E_HOST] = host ? sv_strcache_get(host->value, host->value_len) : Qnil;
-    f.val[E_HIJACK] = hijack;
-    f.val[E_FINISHED] = *finished = rb_ary_new();
-    f.val[E_AFTER] = *after = rb_ary_new();
+    uint64_t x = (uint64_t)key * 0x9E3779B97F4A7C15ull;
+    return (size_t)(x >> 40) & mask;
+}
+
+static void add_headers(VALUE env, const sv_request *r, const sv_header *host, int *upstream)
+{
+    size_t n = r->num_headers - (host ? 1 : 0);
+    if (n == 0)
+        return;
+    size_t size = 16;
+    while (size < 2 * n)
+        size <<= 1;
+    seen_field stack[64], *seen = size <= 64 ? stack : xmalloc(size * sizeof(seen_field));
+    memset(seen, 0, size * sizeof(seen_field));
+    for (size_t i = 0; i < r->num_headers; i++) {
+        const sv_header *h = &r->headers[i];
+        if (h == host) /* in its slot already */
+            continue;
+        /* A name with '_' would alias a '-' name in the env (HTTP_X_FOO): dropped. */
+        if (memchr(h->name, '_', h->name_len))
+            continue;
+        VALUE key = header_key(h->name, h->name_len);
+        size_t j = seen_slot(key, size - 1);
+        while (seen[j].key && seen[j].key != key)
+            j = (j + 1) & (size - 1);
+        if (seen[j].key) { /* a repeat */
+            VALUE prev = seen[j].val;
+            if (!NIL_P(prev)) {
+                rb_str_cat(prev, key == k_cookie ? "; " : ", ", 2);
+                rb_str_cat(prev, h->value, (long)h->value_len);
+            }
+            continue;
+        }
+        seen[j].key = key;
+        if (key == k_clen) {
+            /* the parser accepts "5, 5", "005" or repeated identical fields; the
+             * app gets the one decimal value it validated */
+            seen[j].val = Qnil;
+            if (r->content_length >= 0)
+                rb_hash_aset(env, k_clen, rb_sprintf("%lld", (long long)r->content_length));
+            continue;
+        }
+        if (key == k_xrs || key == k_xqs)
+            *upstream = 1;
+        VALUE val = bin(h->value, h->value_len);
+        seen[j].val = key == k_ctype ? Qnil : val;
+        rb_hash_aset(env, key, val);
+    }
+    if (seen != stack)
+        xfree(seen);
+}
+
+/* The per-request values, made before the env. */
+typedef struct {
+    VALUE val[E_SLOTS];
+    int has_host, tls;
+} env_vals;
+
+/* The template's copy with the slots and the TLS keys set, one rb_hash_aset
+ * each (a key the template lacks is added, in slot order). Without a Host
+ * (HTTP/1.0) HTTP_HOST is taken out. */
+static VALUE env_plain(VALUE tmpl, const env_vals *v)
+{
     VALUE env = rb_hash_dup(tmpl);
-    /* RHASH_TBL makes env write-barrier unprotected, so the GC rescans it
-     * and values stored straight into its table are safe */
-    st_table *tbl = RHASH_TBL(env);
-    if (direct_fill)
-        fill_entries(tbl, &f, tmpl);
-    else
-        st_foreach_with_replace(tbl, fill_check, fill_replace, (st_data_t)&f);
     for (int i = 0; i < E_SLOTS; i++)
-        if (!(f.filled & (1u << i)) && !(i == E_HOST && !host))
-            rb_hash_aset(env, slot_keys[i], f.val[i]);
-    if (!host && (f.filled & (1u << E_HOST)))
+        if (i != E_HOST || v->has_host)
+            rb_hash_aset(env, slot_keys[i], v->val[i]);
+    if (!v->has_host)
         rb_hash_delete(env, slot_keys[E_HOST]);
-    if (c->tls) {
+    if (v->tls) {
         rb_hash_aset(env, k_scheme, v_https);
         rb_hash_aset(env, k_https, v_on);
     }
+    return env;
+}
+
+/* The slots a base leaves to each request: new objects every time. A base
+ * holds QUERY_STRING's empty value; a request with a query sets its own. */
+static const int per_request[] = {E_PATH, E_QUERY, E_URI, E_HIJACK, E_FINISHED, E_AFTER};
+#define SV_PER_REQUEST ((int)(sizeof(per_request) / sizeof(per_request[0])))
+
+/* A base for v's repeating values: the template's copy with those set, or
+ * Qfalse when the template lacks a per-request key (its copy would then
+ * add keys in another order than env_plain). */
+static VALUE base_build(VALUE tmpl, const env_vals *v)
+{
+    for (int k = 0; k < SV_PER_REQUEST; k++)
+        if (rb_hash_lookup2(tmpl, slot_keys[per_request[k]], Qundef) == Qundef)
+            return Qfalse;
+    VALUE base = rb_hash_dup(tmpl);
+    for (int i = 0; i < E_SLOTS; i++) {
+        if (i == E_QUERY)
+            rb_hash_aset(base, slot_keys[i], v->val[i]);
+        else if (i != E_PATH && i != E_URI && i != E_HIJACK && i != E_FINISHED && i != E_AFTER)
+            rb_hash_aset(base, slot_keys[i], v->val[i]);
+    }
+    if (v->tls) {
+        rb_hash_aset(base, k_scheme, v_https);
+        rb_hash_aset(base, k_https, v_on);
+    }
+    return base;
+}
+
+static VALUE env_from_bases(VALUE tmpl, const env_vals *v, VALUE empty_query)
+{
+    const VALUE *x = v->val;
+    uint64_t h = (uint64_t)tmpl ^ ((uint64_t)x[E_METHOD] << 1) ^ ((uint64_t)x[E_REMOTE] << 2) ^
+                 ((uint64_t)x[E_NAME] << 3) ^ ((uint64_t)x[E_PORT] << 4) ^ ((uint64_t)x[E_HOST] << 5) ^
+                 ((uint64_t)x[E_PROTO] << 6) ^ (uint64_t)v->tls;
+    h *= 0x9E3779B97F4A7C15ull;
+    env_base *e = &bases[(h >> 40) & (SV_BASES - 1)];
+    if (e->tmpl != tmpl || e->method != x[E_METHOD] || e->proto != x[E_PROTO] || e->remote != x[E_REMOTE] ||
+        e->name != x[E_NAME] || e->port != x[E_PORT] || e->host != x[E_HOST] || e->tls != v->tls) {
+        /* first sight of these values here: noted, built the plain way */
+        e->tmpl = tmpl;
+        e->method = x[E_METHOD];
+        e->proto = x[E_PROTO];
+        e->remote = x[E_REMOTE];
+        e->name = x[E_NAME];
+        e->port = x[E_PORT];
+        e->host = x[E_HOST];
+        e->tls = v->tls;
+        e->base = Qnil;
+        return Qundef;
+    }
+    if (NIL_P(e->base)) {
+        env_vals b = *v;
+        b.val[E_QUERY] = empty_query;
+        e->base = base_build(tmpl, &b);
+    }
+    VALUE base = e->base;
+    if (base == Qfalse)
+        return Qundef;
+    VALUE env = rb_hash_dup(base);
+    for (int k = 0; k < SV_PER_REQUEST; k++) {
+        int i = per_request[k];
+        if (i != E_QUERY || x[i] != empty_query)
+            rb_hash_aset(env, slot_keys[i], x[i]);
+    }
+    RB_GC_GUARD(base);
+    return env;
+}
+
+/* Builds the env of c's request from the template: the CGI keys, the
+ * HTTP_* headers, rack.hijack (hijack: the Request itself), and new
+ * rack.response_finished / rack.after_reply Arrays (returned in *finished,
+ * *after). *upstream is set when an X-Request-Start or X-Queue-Start header
+ * is present (timing reads it). The template holds every slot key first
+ * (lib/serval/request_handler.rb), so its copy is sized for a whole env and
+ * the slots keep their places; a key it lacks is added. */
+VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE *after, int *upstream)
+{
+    const sv_request *r = c->req;
+    env_vals v;
+    VALUE empty_query = sv_strcache_get("", 0);
+    v.val[E_METHOD] = method_str(r->method, r->method_len);
+    v.val[E_PATH] = bin(r->path, r->path_len);
+    v.val[E_QUERY] = r->query_len ? bin(r->query, r->query_len) : empty_query;
+    v.val[E_URI] = bin(r->target, r->target_len);
+    v.val[E_PROTO] = r->minor_version ? v_http11 : v_http10;
+    v.val[E_REMOTE] = remote_addr(c, r);
+    server_name(c, &v.val[E_NAME], &v.val[E_PORT]);
+    /* Host: in every HTTP/1.1 request (the parser demands it), so a slot;
+     * an HTTP/1.0 request without one has no HTTP_HOST */
+    const sv_header *host = r->host_field >= 0 ? &r->headers[r->host_field] : NULL;
+    v.has_host = host != NULL;
+    v.val[E_HOST] = host ? sv_strcache_get(host->value, host->value_len) : Qnil;
+    v.val[E_HIJACK] = hijack;
+    v.val[E_FINISHED] = *finished = rb_ary_new();
+    v.val[E_AFTER] = *after = rb_ary_new();
+    v.tls = c->tls ? 1 : 0;
+    VALUE env = Qundef;
+    /* a base only for a frozen template (one that cannot change under it) */
+    if (use_bases && host && RB_OBJ_FROZEN(tmpl))
+        env = env_from_bases(tmpl, &v, empty_query);
+    if (env == Qundef)
+        env = env_plain(tmpl, &v);
     *upstream = 0;
-    for (size_t i = 0; i < r->num_headers; i++)
-        if (&r->headers[i] != host) /* in its slot already */
-            add_header(env, tbl, r, &r->headers[i], upstream);
+    add_headers(env, r, host, upstream);
     if (r->upgrade) { /* rack.protocol: the Upgrade field's tokens */
         VALUE up = rb_hash_lookup2(env, k_upgrade, Qnil);
         if (RB_TYPE_P(up, T_STRING))
@@ -466,19 +450,20 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE 
     return env;
 }
 
-/* Serval::Native.env_fill: :direct (the entry array) or :generic
- * (st_foreach_with_replace); env_fill= picks one (tests run both), :direct
- * only where the layout check passed. */
+/* Serval::Native.env_fill: :prepared (a client's repeating values come
+ * from a prepared base, the default) or :plain (every slot set on the
+ * template's copy); env_fill= picks one (the tests build every env both
+ * ways and compare). */
 static VALUE env_fill_get(VALUE mod)
 {
     (void)mod;
-    return ID2SYM(rb_intern(direct_fill ? "direct" : "generic"));
+    return ID2SYM(rb_intern(use_bases ? "prepared" : "plain"));
 }
 
 static VALUE env_fill_set(VALUE mod, VALUE mode)
 {
     (void)mod;
-    direct_fill = layout_ok && SYM2ID(rb_to_symbol(mode)) == rb_intern("direct");
+    use_bases = SYM2ID(rb_to_symbol(mode)) == rb_intern("prepared");
     return env_fill_get(mod);
 }
 

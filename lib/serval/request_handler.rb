@@ -82,9 +82,10 @@ module Serval
 
     def env_template(url_scheme = nil)
       # Every request sets these (Request#env in C): first in the template,
-      # they make its copy a table already sized for a whole env, whose
-      # values C then fills in place in one pass over the table's first
-      # entries (ext/serval/env.c) instead of a hash lookup and insert per key.
+      # they make its copy a table already sized for a whole env, and keep
+      # their places when C sets them (ext/serval/env.c); a frozen template
+      # with all of them lets C copy a base holding a client's repeating
+      # values, so that only the per-request ones are set on each copy.
       env = ALWAYS_SET.to_h { |key| [key, nil] }
       env.merge!(
         "SCRIPT_NAME" => "",
