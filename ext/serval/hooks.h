@@ -8,8 +8,8 @@
  *
  * Points, in a request's order:
  *   queued   loop thread, core->mu held: a complete request would join the
- *            ready queue; 0 answers it 503 instead (shed.c: max_queue_time).
- *            Called only for a core whose opt.max_queue_time > 0.
+ *            ready queue; 0 answers it 503 instead (shed_core.c:
+ *            max_queue_time).
  *   taken    core->mu held: a Ruby thread took it (Core#next).
  *   begin    GVL held, just before the app (Request#start / #timing_begin
  *            with timing on): starts the request's record.
@@ -17,15 +17,17 @@
  *            (Request#finish / #timing_end): ends it.
  * Thread state: sv_gvl_yielding.
  *
- * An optional module attaches by setting its fields (sv_hooks_attach_*),
- * with the GVL held, before the requests it should see; each field is set
- * at most once per process and never cleared while requests run.
+ * An optional module attaches by setting its fields, with the GVL held,
+ * before the requests it should see (timing: Timing.attach; load shedding:
+ * when the extension loads); a field is never cleared while requests run.
  */
 #ifndef SERVAL_HOOKS_H
 #define SERVAL_HOOKS_H
 
 #include <ruby.h>
 #include "serval.h"
+
+#define SV_REFUSED_RETRY_AFTER "1" /* seconds, the retry-after of a request queued refused (bench/NOTES.md "The answer") */
 
 typedef struct {
     /* begin: plain is the record the core keeps for the request (in its
@@ -36,11 +38,17 @@ typedef struct {
      * *obj stays Qnil). */
     sv_tm *(*begin)(sv_tm *plain, VALUE env, double queued_at, unsigned long every, int upstream, VALUE *obj);
     void (*end)(sv_tm *t);
-    /* queued: ahead as shed.h says; 1 admits. taken: c->queued_at and
-     * c->q_ahead are the request's. */
+    /* Admission, per core: core_init runs at Core.new once the options are
+     * read, and may set core->admission (malloc'd; the core frees it). The
+     * three others are called only for a core whose core->admission is set.
+     * queued: c->q_ahead is the number of requests in front of it that no
+     * idle thread will take, or -1 when an idle thread is there for it;
+     * returns 1 to admit it, 0 to have it answered 503.
+     * taken: c->queued_at and c->q_ahead are the request's.
+     * stats: adds figures to Core#stats' Hash h (core->mu not held). */
+    void (*core_init)(sv_core *core);
     int (*queued)(sv_core *core, sv_conn *c, double now);
     void (*taken)(sv_core *core, sv_conn *c, double now);
-    /* Core#stats: adds its figures to the Hash h (core->mu not held). */
     void (*stats)(sv_core *core, VALUE h);
 } sv_hook_table;
 
