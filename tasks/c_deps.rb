@@ -11,6 +11,12 @@
 # The extension must have no cycle: each module can then be read knowing only
 # the modules below it.
 #
+# And the serving core knows no policy: every module is either core (serves
+# requests), optional (measures or steers them, attached through
+# ext/serval/hooks.h) or the extension's entry (serval_ext, which loads
+# both), and no core module depends on an optional one, directly or through
+# other modules. A new module must be put in one of the lists below.
+#
 #   ruby tasks/c_deps.rb [-v] [OBJDIR]   # OBJDIR: this Ruby's build under tmp/ by default
 #
 # prints the graph (-v: with the symbols and includes behind each edge) and
@@ -28,6 +34,13 @@ module CDeps
       parts.join("; ")
     end
   end
+
+  # The modules that serve a request, and those that attach to them.
+  CORE = %w[buffer conn core env errlog head hooks loop parser polls request serval serval_ruby strcache
+            tls transport wake].freeze
+  OPTIONAL = %w[balance fairness gvl shed shed_core steadiness timing window winslot].freeze
+  ENTRY = %w[serval_ext].freeze
+  LAYERS = { core: CORE, optional: OPTIONAL, entry: ENTRY }.freeze
 
   module_function
 
@@ -142,18 +155,58 @@ module CDeps
     end
   end
 
-  # Prints the graph, then every cycle; true when there is none.
-  def check(objdir = default_objdir, io = $stdout, verbose: false, src: SRC)
+  # The lines naming each way a core module depends on an optional one (with
+  # the path, the first edge's reason) and each module in no layer; empty when
+  # none. layers: {core:, optional:, entry:} lists of modules.
+  def layering(g, layers)
+    core, optional = layers.fetch(:core), layers.fetch(:optional)
+    known = core + optional + layers.fetch(:entry, [])
+    out = (g.keys - known).sort.map { |m| "module #{m} is in no layer (tasks/c_deps.rb CORE, OPTIONAL or ENTRY)" }
+    core.select { |m| g.key?(m) }.sort.each do |from|
+      parent = { from => nil }
+      queue = [from]
+      until queue.empty?
+        m = queue.shift
+        g[m].keys.sort.each do |d|
+          next if parent.key?(d)
+
+          parent[d] = m
+          if optional.include?(d)
+            path = [d]
+            path.unshift(parent[path.first]) while parent[path.first]
+            out << "core module #{from} depends on optional #{d}: #{path.join(' -> ')} (#{path[0]} -> #{path[1]}: " \
+                   "#{g[path[0]][path[1]].why})"
+          else
+            queue << d
+          end
+        end
+      end
+    end
+    out
+  end
+
+  # Prints the graph, then every cycle and every core module depending on an
+  # optional one; true when there is neither. layers: as #layering (the
+  # extension's own by default), or nil for no layer check.
+  def check(objdir = default_objdir, io = $stdout, verbose: false, src: SRC, layers: (src == SRC ? LAYERS : nil))
     g = graph(objdir, src)
     io.puts render(g, verbose: verbose)
     found = report(g)
-    if found.empty?
+    ok = found.empty?
+    if ok
       io.puts "ext/serval: no dependency cycle among #{g.size} modules"
-      true
     else
       io.puts "ext/serval: #{found.size} dependency cycle(s):", *found
-      false
     end
+    return ok unless layers
+
+    bad = layering(g, layers)
+    if bad.empty?
+      io.puts "ext/serval: no core module depends on an optional one"
+    else
+      io.puts "ext/serval: the core depends on optional modules:", *bad
+    end
+    ok && bad.empty?
   end
 end
 

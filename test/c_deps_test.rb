@@ -57,6 +57,50 @@ class CDepsTest < Minitest::Test
     end
   end
 
+  # The layer rule: a core module may not reach an optional one by any path;
+  # optional modules may use the core; a module in no layer is named.
+  def test_layering_of_a_hand_made_graph
+    edge = ->(*symbols) { CDeps::Edge.new(symbols, []) }
+    layers = { core: %w[loop req hooks], optional: %w[timing gvl], entry: %w[main] }
+    ok = {
+      "loop" => { "hooks" => edge.("sv_hooks") }, "req" => { "hooks" => edge.("sv_hooks"), "loop" => edge.("x") },
+      "hooks" => {}, "timing" => { "hooks" => edge.("sv_hooks"), "gvl" => edge.("g") }, "gvl" => {},
+      "main" => { "timing" => edge.("init"), "req" => edge.("init") }
+    }
+    assert_empty CDeps.layering(ok, layers)
+
+    direct = ok.merge("req" => ok["req"].merge("timing" => edge.("sv_tm_begin")))
+    assert_equal ["core module req depends on optional timing: req -> timing (req -> timing: uses sv_tm_begin)"],
+                 CDeps.layering(direct, layers)
+
+    # through another core module: every core module on the way is named, each with its path
+    through = ok.merge("hooks" => { "gvl" => CDeps::Edge.new([], ["hooks.h"]) })
+    assert_equal ["core module hooks depends on optional gvl: hooks -> gvl (hooks -> gvl: #include in hooks.h)",
+                  "core module loop depends on optional gvl: loop -> hooks -> gvl (loop -> hooks: uses sv_hooks)",
+                  "core module req depends on optional gvl: req -> hooks -> gvl (req -> hooks: uses sv_hooks)"],
+                 CDeps.layering(through, layers)
+
+    assert_equal ["module stray is in no layer (tasks/c_deps.rb CORE, OPTIONAL or ENTRY)"],
+                 CDeps.layering(ok.merge("stray" => {}), layers)
+  end
+
+  # check fails on a layer violation in real objects, and says why.
+  def test_check_fails_when_the_core_uses_an_optional_module
+    files = {
+      "core.c" => "int opt_fn(void);\nint core_fn(void) { return opt_fn(); }\n",
+      "opt.c" => "int opt_fn(void) { return 2; }\n",
+    }
+    layers = { core: ["core"], optional: ["opt"], entry: [] }
+    build(files) do |src, obj|
+      out = StringIO.new
+      refute CDeps.check(obj, out, src: src, layers: layers)
+      assert_includes out.string, "no dependency cycle among 2 modules"
+      assert_includes out.string, "core module core depends on optional opt: core -> opt (core -> opt: uses opt_fn)"
+      assert CDeps.check(obj, StringIO.new, src: src, layers: { core: ["opt"], optional: ["core"], entry: [] })
+      assert CDeps.check(obj, StringIO.new, src: src) # no layers for another tree unless given
+    end
+  end
+
   def test_a_source_not_compiled_is_an_error
     build({ "a.c" => "int a;\n" }) do |src, obj|
       File.write(File.join(src, "b.c"), "int b;\n")
@@ -77,6 +121,14 @@ class CDepsTest < Minitest::Test
     assert_includes g["loop"].keys, "conn"
     refute_includes g["conn"].keys, "loop"
     refute_includes g["head"].keys, "balance"
+    # the core reaches timing and load shedding only through hooks.h
+    assert_includes out.string, "no core module depends on an optional one"
+    assert_empty CDeps.layering(g, CDeps::LAYERS)
+    refute_includes g["request"].keys, "timing"
+    refute_includes g["loop"].keys, "shed"
+    assert_includes g["timing"]["hooks"].symbols, "sv_hooks"
+    assert_includes g["shed_core"]["hooks"].symbols, "sv_hooks"
+    assert_includes g["request"]["hooks"].symbols, "sv_hooks"
   end
 
   private

@@ -15,7 +15,7 @@
 #include "loop.h"
 #include "polls.h"
 #include "request.h"
-#include "shed.h"
+#include "hooks.h"
 #include "tls.h"
 #include "wake.h"
 
@@ -93,7 +93,7 @@ static const sv_opt_spec opt_specs[] = {
     {"max_spill", 4294967296.0, 0, 1125899906842624.0}, /* 4 GiB .. 1 PiB */
     {"max_keepalive_requests", 1000, 1, 2147483647.0},
     {"min_body_rate", 500, 0, 1e12},
-    {"max_queue_time", 0, 0, 60}, /* seconds; 0: no load shedding (shed.h) */
+    {"max_queue_time", 0, 0, 60}, /* seconds; 0: no load shedding (shed_core.c) */
 };
 #define SV_OPT_SPECS (sizeof(opt_specs) / sizeof(opt_specs[0]))
 
@@ -245,7 +245,6 @@ static VALUE core_initialize(int argc, VALUE *argv, VALUE self)
     atomic_store(&core->refs, 1);
     core->pid = getpid();
     read_options(&core->opt, opts);
-    sv_shed_init(&core->shed, core->opt.max_queue_time, sv_now());
     if (sv_core_init(core) != 0) {
         int e = errno;
         sv_core_destroy(core);
@@ -253,6 +252,8 @@ static VALUE core_initialize(int argc, VALUE *argv, VALUE self)
         rb_syserr_fail(e, "serval core init");
     }
     *slot = core;
+    if (sv_hooks.core_init) /* load shedding: shed_core.c (may raise: the core is in its object) */
+        sv_hooks.core_init(core);
     return self;
 }
 
@@ -325,8 +326,8 @@ static sv_conn *pop_locked(sv_core *core, double now)
             core->q_tail = NULL;
         c->next = NULL;
         core->queued--;
-        if (core->opt.max_queue_time > 0) /* load shedding measures the queue (shed.h) */
-            sv_shed_taken(&core->shed, sv_now(), c->queued_at, c->q_ahead);
+        if (core->admission) /* load shedding measures the queue (hooks.h taken) */
+            sv_hooks.taken(core, c, sv_now());
         if (core->polls_on) /* counted from here: a thread waiting for the GVL with it is running */
             sv_polls_took(core, now);
     }
@@ -516,8 +517,6 @@ static VALUE core_stats(VALUE self)
     pthread_mutex_lock(&core->mu);
     long queued = (long)core->queued, waiting = core->waiting, waking = core->waking;
     int draining = core->draining, stopping = core->stopping;
-    double estimate = sv_shed_predict(&core->shed, sv_now(), queued >= waiting ? queued - waiting : -1,
-                                      core->q_head ? core->q_head->queued_at : -1);
     pthread_mutex_unlock(&core->mu);
     VALUE h = rb_hash_new();
     rb_hash_aset(h, ID2SYM(rb_intern("connections")), LONG2NUM(atomic_load(&core->open)));
@@ -529,8 +528,8 @@ static VALUE core_stats(VALUE self)
     rb_hash_aset(h, ID2SYM(rb_intern("requests")), ULONG2NUM(atomic_load(&core->requests)));
     rb_hash_aset(h, ID2SYM(rb_intern("errors")), ULONG2NUM(atomic_load(&core->errors)));
     rb_hash_aset(h, ID2SYM(rb_intern("shed")), ULONG2NUM(atomic_load(&core->shed_total)));
-    if (core->opt.max_queue_time > 0) /* the wait predicted for a request arriving now */
-        rb_hash_aset(h, ID2SYM(rb_intern("queue_wait_estimate")), DBL2NUM(estimate));
+    if (core->admission && sv_hooks.stats) /* load shedding: queue_wait_estimate */
+        sv_hooks.stats(core, h);
     rb_hash_aset(h, ID2SYM(rb_intern("output_buffered_bytes")), SIZET2NUM(atomic_load(&core->out_bytes)));
     rb_hash_aset(h, ID2SYM(rb_intern("output_spilled_bytes")), ULL2NUM(atomic_load(&core->spill_used)));
     rb_hash_aset(h, ID2SYM(rb_intern("output_spills")), ULONG2NUM(atomic_load(&core->spills)));

@@ -40,7 +40,7 @@
 #include <ruby.h>
 #include "serval_ruby.h"
 #include "fairness.h"
-#include "gvl.h"
+#include "hooks.h"
 
 #ifdef HAVE_RUBY_THREAD_H
 #include <ruby/thread.h>

@@ -66,7 +66,6 @@
 #include "serval_ruby.h"
 #include "gvl.h"
 
-__thread int sv_gvl_yielding; /* fairness.c's preemption in progress (gvl.h) */
 
 #ifdef HAVE_RUBY_THREAD_H
 #include <ruby/thread.h>

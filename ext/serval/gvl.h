@@ -3,13 +3,12 @@
 #define SERVAL_GVL_H
 
 #include "serval_ruby.h"
+#include "hooks.h"
 
 int sv_gvl_counters(uint64_t out[3]);
 int sv_gvl_mark(int in_request, uint64_t out[4], uint64_t now);
-/* Set by fairness.c around the GVL release that gives a waiting thread its
- * turn: the GVL hook counts that release as stall (the thread wants the GVL
- * back at once), not as idle. Owner thread only. */
-extern __thread int sv_gvl_yielding;
+/* sv_gvl_yielding (fairness.c's preemption in progress) is the core's thread
+ * state: hooks.h. */
 /* A request's shape: its GVL-held and idle spans in order, [cpu, io, cpu,
  * ..., cpu], at most SV_SEGS (odd) entries; spans past that fold into the
  * last two (totals kept). */

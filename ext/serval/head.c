@@ -83,7 +83,7 @@ static void emit_line(head_ctx *x, const char *name, long nlen, const char *val,
     b->len += n;
 }
 
-#define SV_PHRASE_MAX 48 /* longer than any phrase status.c knows (31) */
+#define SV_PHRASE_MAX 48 /* longer than any phrase sv_reason_phrase knows (31) */
 
 /* "HTTP/1.1 200 OK\r\n" (no snprintf: Ruby's, which ruby.h puts in its
  * place, costs more than the rest of the status line). */

@@ -3,7 +3,7 @@
  * errors, finish slow writes, enforce timeouts. A plain pthread that never
  * touches a Ruby object and never holds the GVL.
  */
-#define _GNU_SOURCE
+#define _GNU_SOURCE 1 /* as ruby/config.h (hooks.h includes ruby.h for its types) */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -24,7 +24,7 @@
 #include "buffer.h"
 #include "conn.h"
 #include "errlog.h"
-#include "shed.h"
+#include "hooks.h"
 #include "wake.h"
 
 #define SV_EV_END (EPOLLRDHUP | EPOLLHUP | EPOLLERR)
@@ -354,7 +354,7 @@ static void error_response(sv_conn *c, int status, const char *msg)
                      "HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
                      "content-length: %d\r\n%sconnection: close\r\ndate: %s\r\n\r\n%s\n",
                      status, status_reason(status), blen,
-                     status == 503 ? "retry-after: " SV_SHED_RETRY_AFTER "\r\n" : "", date, msg);
+                     status == 503 ? "retry-after: " SV_REFUSED_RETRY_AFTER "\r\n" : "", date, msg);
     set_partial(c, 0);
     atomic_fetch_add(&core->errors, 1);
     c->out.len = c->out.off = 0;
@@ -373,10 +373,10 @@ static void error_response(sv_conn *c, int status, const char *msg)
 
 /* ---- requests ----------------------------------------------------------- */
 
-/* Load shedding (shed.h): a request that would wait in the ready queue
- * longer than max_queue_time is answered 503 here, before any Ruby thread
- * sees it; one that joins carries its place for Core#next's measurement.
- * Returns 1 when the request was answered. */
+/* Admission (hooks.h queued; load shedding, shed_core.c): a request the hook
+ * refuses is answered 503 here, before any Ruby thread sees it; one that
+ * joins carries its place for the taken hook. Returns 1 when the request was
+ * answered. */
 static int shed(sv_conn *c)
 {
     sv_core *core = c->core;
@@ -384,7 +384,7 @@ static int shed(sv_conn *c)
     pthread_mutex_lock(&core->mu);
     long ahead = (long)core->queued - (long)takers_locked(core);
     c->q_ahead = ahead < 0 ? -1 : ahead;
-    int admit = sv_shed_admit(&core->shed, now, c->q_ahead, core->q_head ? core->q_head->queued_at : -1);
+    int admit = sv_hooks.queued(core, c, now);
     pthread_mutex_unlock(&core->mu);
     if (admit)
         return 0;
@@ -409,7 +409,7 @@ static double sv_loop_now(sv_core *core)
 static void dispatch(sv_conn *c)
 {
     sv_core *core = c->core;
-    if (core->opt.max_queue_time > 0 && shed(c))
+    if (core->admission && shed(c))
         return;
     int was_partial = c->partial;
     c->partial = 0;
@@ -1171,5 +1171,6 @@ void sv_core_unref(sv_core *core)
     sv_core_destroy(core);
     pthread_mutex_destroy(&core->mu);
     pthread_cond_destroy(&core->cv);
+    free(core->admission);
     free(core);
 }

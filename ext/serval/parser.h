@@ -140,7 +140,7 @@ extern const unsigned char sv_tchar_table[256];
 extern const unsigned char sv_regname_table[256]; /* reg-name bytes of a Host (RFC 3986), for test/c */
 static inline int sv_is_tchar(unsigned char c) { return sv_tchar_table[c]; }
 
-/* The reason phrase for a status code, "" when there is no standard one (status.c). */
+/* The reason phrase for a status code, "" when there is no standard one. */
 const char *sv_reason_phrase(int code);
 
 #endif

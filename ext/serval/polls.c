@@ -55,7 +55,7 @@
 #include "serval_ruby.h"
 #include "polls.h"
 #include "buffer.h"
-#include "gvl.h"
+#include "hooks.h"
 #include "loop.h"
 #include "wake.h"
 

@@ -17,7 +17,7 @@
 #include "head.h"
 #include "loop.h"
 #include "polls.h"
-#include "timing.h"
+#include "hooks.h"
 
 static VALUE sv_cRequest, sv_eConnectionError, sv_eWriteTimeout;
 
@@ -458,7 +458,7 @@ static void *done_nogvl(void *p)
 static VALUE timing_end(sv_req *r, double *ended)
 {
     if (r->tm_cur) {
-        sv_tm_end(r->tm_cur);
+        sv_hooks.end(r->tm_cur); /* set: tm_cur is only set by begin */
         if (ended)
             *ended = (double)r->tm_cur->end_ns / 1e9;
         r->tm_cur = NULL;
@@ -566,29 +566,26 @@ static VALUE req_early_hints(VALUE self, VALUE headers)
     return Qtrue;
 }
 
-/* Timing (ext/serval/timing.c): every request is measured into the
- * histograms; one in `every` (0 = none) also gets a Serval::Timing object in
- * env["serval.timing"] with CPU and GC time. Process-wide counter, GVL held. */
-static unsigned long sample_n;
-
+/* The request's timing begins (hooks.h begin: timing.c when attached; no
+ * timing when nothing is). every: one in every requests is sampled into a
+ * Timing object, which goes into the env under serval.timing. */
 static VALUE timing_begin(VALUE self, sv_req *r, VALUE env, VALUE every)
 {
     unsigned long n = NUM2ULONG(every);
-    int detailed = n > 0 && ++sample_n % n == 0;
-    double queued_at = r->conn ? r->conn->queued_at : 0.0;
-    if (detailed && n > 1)
-        detailed = sv_timing_under_cap(queued_at);
-    if (detailed) {
-        RB_OBJ_WRITE(self, &r->tm_obj, sv_timing_new(&r->tm_cur));
-        rb_hash_aset(env, sv_timing_env_key(), r->tm_obj);
-    } else if (r->conn) {
-        r->tm_cur = &r->conn->tm;
+    if (!sv_hooks.begin)
+        return Qnil;
+    sv_tm *plain;
+    if (r->conn) {
+        plain = &r->conn->tm;
     } else { /* no connection left (a test's late call): a record of its own */
         if (!r->tm_own)
             r->tm_own = ALLOC(sv_tm);
-        r->tm_cur = r->tm_own;
+        plain = r->tm_own;
     }
-    sv_tm_begin(r->tm_cur, queued_at, env, detailed, r->upstream != 0);
+    VALUE obj = Qnil;
+    r->tm_cur = sv_hooks.begin(plain, env, r->conn ? r->conn->queued_at : 0.0, n, r->upstream != 0, &obj);
+    if (!NIL_P(obj))
+        RB_OBJ_WRITE(self, &r->tm_obj, obj);
     return r->tm_obj;
 }
 

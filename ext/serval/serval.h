@@ -22,7 +22,6 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include "parser.h"
-#include "shed.h"
 
 #define SV_MAX_LISTENERS 16
 #define SV_READ_MIN 4096             /* first read buffer size */
@@ -171,7 +170,7 @@ typedef struct sv_conn {
     double deadline;             /* monotonic seconds */
     double since;                /* monotonic: when waiting for the current request began */
     double queued_at;
-    long q_ahead;                /* shed.h: requests ahead no idle thread would take, or -1 */
+    long q_ahead;                /* requests ahead no idle thread would take, or -1 (hooks.h queued) */
 
     /* response side */
     sv_buf out;
@@ -271,7 +270,8 @@ struct sv_core {
     int waiting;                 /* Ruby threads blocked in Core#next */
     sv_waiter *idle;             /* of those, the ones no wake-up was sent to, most recent first */
     int waking;                  /* woken for a request, not yet back at the queue */
-    sv_shed shed;                /* load shedding (opt.max_queue_time > 0) */
+    void *admission;             /* the admission hooks' state for this core (hooks.h; load shedding:
+                                  * shed_core.c, with opt.max_queue_time > 0), malloc'd; NULL: none */
     _Atomic int balance_paused;  /* balance: listeners out of epoll until a thread waits */
     _Atomic int balance_hold;    /* balance: a sibling has GVL headroom, accept nothing (balance.c) */
     _Atomic int balance_moves;   /* balance: keep-alive connections to end after their response */
@@ -288,7 +288,7 @@ struct sv_core {
     _Atomic unsigned long evicted;   /* connections closed to make room at max_connections */
     _Atomic unsigned long requests;
     _Atomic unsigned long errors;
-    _Atomic unsigned long shed_total; /* requests answered 503 by load shedding */
+    _Atomic unsigned long shed_total; /* requests answered 503 by the admission hook (load shedding) */
     _Atomic long open;           /* open connections */
     _Atomic size_t out_bytes;    /* capacity of every output buffer (sv_buf.acct) */
     _Atomic uint64_t spill_used; /* bytes in open spill files */

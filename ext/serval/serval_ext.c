@@ -8,6 +8,7 @@
 #include "gvl.h"
 #include "head.h"
 #include "request.h"
+#include "shed_core.h"
 #include "steadiness.h"
 #include "strcache.h"
 #include "timing.h"
@@ -23,6 +24,7 @@ void Init_serval_ext(void)
     sv_define_env_fill(mNative);
     VALUE cCore = sv_init_core(mNative);
     sv_init_balance(cCore);
+    sv_init_shed_core();
     sv_init_head();
     sv_init_request(mNative);
     sv_init_tls(mNative);

@@ -25,7 +25,6 @@
 
 #define SV_SHED_INTERVAL 0.1       /* seconds: CoDel's interval for the least wait */
 #define SV_SHED_WEIGHT 0.125       /* weight of one sample in per_position's average */
-#define SV_SHED_RETRY_AFTER "1"    /* seconds, the 503's retry-after (bench/NOTES.md "The answer") */
 
 typedef struct {
     double budget;        /* max_queue_time, seconds; 0: never shed */

@@ -1,9 +1,9 @@
 /*
  * Serval::Timing - where one request's time went, measured in C.
  *
- * sv_tm_begin is called just before the app (Request#timing_begin) and
- * sv_tm_end just after the response is handed to the core
- * (Request#timing_end, ext/serval/request.c). Both run with the GVL held, so the process-wide histograms below need no lock. The cheap
+ * Attached to the core through its hooks (hooks.h, Timing.attach): sv_tm_begin
+ * runs just before the app (Request#start / #timing_begin) and sv_tm_end just
+ * after the response is handed to the core (Request#finish / #timing_end). Both run with the GVL held, so the process-wide histograms below need no lock. The cheap
  * figures (queue, wall, GC, and on Ruby 3.2+ the GVL split from the hook) are
  * taken for every request; the thread CPU clock is a system call (~0.6 us
  * measured here), so it is read only when the caller asks (sampled).
@@ -20,6 +20,7 @@
 #include <ruby.h>
 #include "serval_ruby.h"
 #include "timing.h"
+#include "hooks.h"
 #include "gvl.h"
 #include "window.h"
 
@@ -148,20 +149,6 @@ void sv_tm_begin(sv_tm *t, double queued_at, VALUE env, int detailed, int upstre
     t->gc0 = gc_ns();
     t->has_cpu = 1;
     t->cpu0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
-}
-
-/* A new Timing object for env["serval.timing"]; *out is its record. */
-VALUE sv_timing_new(sv_tm **out)
-{
-    sv_tm *t;
-    VALUE obj = TypedData_Make_Struct(cTiming, sv_tm, &tm_type, t);
-    *out = t;
-    return obj;
-}
-
-VALUE sv_timing_env_key(void)
-{
-    return k_timing;
 }
 
 static void add(int metric, double v)
@@ -393,6 +380,50 @@ static VALUE tm_set_sample_cap(VALUE klass, VALUE cap)
     return cap;
 }
 
+/* A new Timing object for env["serval.timing"]; *out is its record. */
+static VALUE timing_new(sv_tm **out)
+{
+    sv_tm *t;
+    VALUE obj = TypedData_Make_Struct(cTiming, sv_tm, &tm_type, t);
+    *out = t;
+    return obj;
+}
+
+/* hooks.h begin: every request is measured into the histograms; one in
+ * `every` (0 = none) also gets a Timing object in env["serval.timing"] with
+ * CPU and GC time. Process-wide counter, GVL held. */
+static unsigned long sample_n;
+
+static sv_tm *hook_begin(sv_tm *plain, VALUE env, double queued_at, unsigned long every, int upstream, VALUE *obj)
+{
+    int detailed = every > 0 && ++sample_n % every == 0;
+    if (detailed && every > 1)
+        detailed = sv_timing_under_cap(queued_at);
+    sv_tm *t = plain;
+    if (detailed) {
+        *obj = timing_new(&t);
+        rb_hash_aset(env, k_timing, *obj);
+    }
+    sv_tm_begin(t, queued_at, env, detailed, upstream);
+    return t;
+}
+
+/* Timing.attach: the core calls this module at each request from now on
+ * (hooks.h); idempotent. Without it (timing false) the core times nothing. */
+static VALUE tm_attach(VALUE klass)
+{
+    (void)klass;
+    sv_hooks.end = sv_tm_end;
+    sv_hooks.begin = hook_begin;
+    return Qtrue;
+}
+
+static VALUE tm_attached_p(VALUE klass)
+{
+    (void)klass;
+    return sv_hooks.begin == hook_begin ? Qtrue : Qfalse;
+}
+
 void sv_init_timing(VALUE mServal)
 {
     id_total_time = rb_intern("total_time");
@@ -405,6 +436,8 @@ void sv_init_timing(VALUE mServal)
     rb_define_singleton_method(cTiming, "reset_aggregate", tm_reset, 0);
     rb_define_singleton_method(cTiming, "upstream_epoch", tm_upstream_epoch, 1);
     rb_define_singleton_method(cTiming, "sample_cap", tm_sample_cap, 0);
+    rb_define_singleton_method(cTiming, "attach", tm_attach, 0);
+    rb_define_singleton_method(cTiming, "attached?", tm_attached_p, 0);
     rb_define_singleton_method(cTiming, "sample_cap=", tm_set_sample_cap, 1);
     rb_define_const(cTiming, "UPSTREAM_MAX", DBL2NUM(SV_UPSTREAM_MAX));
     rb_define_method(cTiming, "queue", tm_queue, 0);

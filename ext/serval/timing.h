@@ -6,8 +6,6 @@
 
 void sv_tm_begin(sv_tm *t, double queued_at, VALUE env, int detailed, int upstream);
 void sv_tm_end(sv_tm *t);
-VALUE sv_timing_new(sv_tm **out);
-VALUE sv_timing_env_key(void);
 int sv_timing_under_cap(double queued_at); /* whether a picked request may be sampled this second */
 double sv_upstream_epoch(const char *p, long n);
 void sv_init_timing(VALUE mServal);

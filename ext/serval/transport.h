@@ -1,6 +1,6 @@
 /*
  * A connection's transport: how its bytes cross the socket. Plain TCP
- * (transport.c) and TLS (tls.c) implement the same operations, and every
+ * (conn.c, sv_plain_transport) and TLS (tls.c) implement the same operations, and every
  * caller (loop.c, conn.c, request.c) goes through c->io without knowing
  * which one a connection has.
  *

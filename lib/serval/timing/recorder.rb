@@ -51,6 +51,7 @@ module Serval
         @window_at = nil
         @window_run = nil
         @utilization = 0.0
+        Timing.attach # the core calls timing at each request from now on (ext/serval/hooks.h)
       end
 
       # Registers the GVL hook in this process (again after a fork) and starts
