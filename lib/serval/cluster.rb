@@ -5,6 +5,7 @@ require "serval/cluster/worker_handle"
 require "serval/cluster/worker"
 require "serval/cluster/command_channel"
 require "serval/cluster/load_table"
+require "serval/cluster/recycler"
 
 module Serval
   # Cluster mode: a master that serves nothing. It binds, (pre)loads the app,
@@ -31,12 +32,16 @@ module Serval
       @failures = Hash.new(0)
       @spawn_at = Hash.new(0.0)
       @asker = CommandChannel::Asker.new
+      @recycled = Hash.new(0) # why => count (worker_max_requests, worker_max_memory, replace_me)
+      @recycler = Recycler.new(max_requests: options[:worker_max_requests], jitter: options[:worker_max_requests_jitter],
+                               max_memory: options[:worker_max_memory], interval: options[:worker_check_interval])
     end
 
     def stats
       handles = @workers.values.sort_by(&:index)
       { started_at: @started_at, workers: handles.size, phase: @phase,
         booted_workers: handles.count(&:booted?), old_workers: handles.count { |h| h.phase != @phase },
+        workers_recycled: @recycled.values.sum, workers_recycled_by: @recycled.dup,
         worker_status: handles.map(&:stats) }
     end
 
@@ -159,6 +164,7 @@ module Serval
         handle.exit_status = status
         handle.close
         @retiring.delete(handle)
+        @recycler&.forget(pid)
         @workers.delete(handle.index) if @workers[handle.index].equal?(handle)
         if handle.stopping?
           @log_writer.info("- Worker #{handle.index} (PID: #{pid}) stopped (#{describe(status)})")
@@ -226,6 +232,7 @@ module Serval
     def maintain
       @options[:worker_culling_strategy] == :oldest ? maintain_oldest : maintain_youngest
       step_phased_restart
+      step_recycle
     end
 
     # :youngest (the default): workers 0...wanted; fewer wanted stops the
@@ -269,6 +276,25 @@ module Serval
 
       old = @workers.values.find { |h| h.phase != @phase }
       retire(old) if old
+    end
+
+    # worker_max_requests / worker_max_memory / replace_me: one worker at a
+    # time, only while every wanted worker is booted and none is stopping, so
+    # its replacement (spawned at once by maintain) boots while it drains.
+    def step_recycle
+      return if @stopping || !@retiring.empty?
+      return unless @workers.size == @wanted && @workers.values.all?(&:booted?)
+
+      t = now
+      @workers.values.sort_by(&:index).each do |h|
+        kind, why = @recycler.reason(h.pid, h.last_status, t)
+        next unless kind
+
+        @recycled[kind] += 1
+        @log_writer.info("- Worker #{h.index} (PID: #{h.pid}) recycled: #{why}")
+        retire(h)
+        return
+      end
     end
 
     def retire(handle)

@@ -68,6 +68,9 @@ module Serval
       worker_timeout: 60.0,
       worker_boot_timeout: 60.0,
       worker_check_interval: 5.0,
+      worker_max_requests: nil,        # recycle a worker after this many requests (cluster; docs/configuration.md)
+      worker_max_requests_jitter: 0.1, # each worker's limit is drawn in N..N*(1+jitter)
+      worker_max_memory: nil,          # recycle a worker above this many MB of PSS (RSS where PSS is unreadable)
       before_fork: [].freeze,
       before_worker_boot: [].freeze,
       after_worker_boot: [].freeze,
@@ -179,6 +182,9 @@ module Serval
       worker_timeout: [:seconds, 0.5, DAY],
       worker_boot_timeout: [:seconds, 0.5, DAY],
       worker_check_interval: [:seconds, 0.05, 3600.0],
+      worker_max_requests: [:int_or_nil, 1, 1 << 62],
+      worker_max_requests_jitter: [:seconds, 0.0, 1.0], # a fraction
+      worker_max_memory: [:int_or_nil, 1, 1 << 30],
       before_fork: [:hooks], before_worker_boot: [:hooks], after_worker_boot: [:hooks],
       before_worker_shutdown: [:hooks], after_worker_shutdown: [:hooks],
       before_worker_fork: [:hooks], after_booted: [:hooks], before_restart: [:hooks], after_stopped: [:hooks],

@@ -25,6 +25,7 @@ module Serval
       drain_timeout thread_idle_timeout backlog environment rackup directory pidfile state_path metrics_bind
       control_url control_auth_token error_log_limit gvl_balance gvl_balance_interval agent_check_url thread_polls
       threads_auto_max auto_interval max_io_threads io_lane_idle db_pool_wait
+      worker_max_requests worker_max_requests_jitter worker_max_memory
     ].freeze
 
     DEFAULT_HOST = "0.0.0.0"

@@ -36,7 +36,8 @@ module Serval
       workers: ["serval_workers", :gauge, "Configured workers"],
       booted_workers: ["serval_booted_workers", :gauge, "Workers booted and serving"],
       old_workers: ["serval_old_workers", :gauge, "Workers of an older phase still running"],
-      phase: ["serval_phase", :gauge, "Current phase (incremented by each phased restart)"]
+      phase: ["serval_phase", :gauge, "Current phase (incremented by each phased restart)"],
+      workers_recycled: ["serval_workers_recycled_total", :counter, "Workers replaced by worker_max_requests, worker_max_memory or Serval.replace_worker"]
     }.freeze
 
     # stat key holding an Array of Hashes, one per named thing => [metric

@@ -6,6 +6,7 @@ require "serval/cluster/command_channel"
 require "serval/cluster/balancer"
 require "serval/json_safe"
 require "serval/supervisor"
+require "serval/replace_worker"
 
 module Serval
   class Cluster < Supervisor
@@ -58,7 +59,12 @@ module Serval
       def start_server
         require "serval/server"
         app = @app || Launcher::Support.load_app(@options[:rackup])
-        @server = Server.new(app, @options.merge(balance: true, balance_close: @options[:gvl_balance]),
+        replace_me = lambda do |reason|
+          @replace_reason ||= reason.to_s
+          @signals.push(:replace_me) # wakes the loop, which checks in at once
+        end
+        Serval.replace_worker = replace_me
+        @server = Server.new(app, @options.merge(balance: true, balance_close: @options[:gvl_balance], replace_me: replace_me),
                              log_writer: @log_writer, poll_errors: true)
         @binder.listeners.each { |l| @server.listen(l.io, l.tls) }
         @server.run
@@ -95,7 +101,8 @@ module Serval
           end
           @signals.read.each { |command| Commands.dispatch(self, command) unless @code } if ready&.include?(@signals.reader)
           balance_tick unless @code
-          if !@code && Launcher::Support.now >= next_checkin
+          if !@code && (Launcher::Support.now >= next_checkin || (@replace_reason && !@replace_sent))
+            @replace_sent = true if @replace_reason
             checkin
             next_checkin = Launcher::Support.now + interval
           end
@@ -138,6 +145,7 @@ module Serval
       def checkin(booted: false)
         stats = @server.stats
         stats = stats.merge(@balancer.stats) if @balancer
+        stats = stats.merge(recycle: @replace_reason) if @replace_reason
         ProcessTitle.worker(@index, @options[:tag], stats)
         line = JSON.generate(pid: Process.pid, index: @index, booted: booted, status: JSONSafe.convert(stats) { nil }) # no Infinity/NaN in JSON
         @status_io.write_nonblock("#{line}\n", exception: false)
