@@ -18,6 +18,8 @@
 #include "loop.h"
 #include "polls.h"
 #include "hooks.h"
+#include "errlog.h"
+#include "parser.h"
 
 static VALUE sv_cRequest, sv_eConnectionError, sv_eWriteTimeout;
 
@@ -36,6 +38,7 @@ typedef struct {
     VALUE hijack_io;    /* the socket of a full hijack (#call), or Qnil */
     int upstream;       /* the env has an X-Request-Start / X-Queue-Start header: 1, 0, or -1 (not known) */
     int counted;        /* in core->running (thread polls, polls.c) until it ends */
+    int writing;        /* a write runs without the GVL (flush_blocking): #expire leaves it alone */
 } sv_req;
 
 /* The request ended (finished, aborted, hijacked or collected). */
@@ -164,8 +167,11 @@ static void *flush_nogvl(void *p)
 static void flush_blocking(VALUE self, sv_conn *c, size_t until)
 {
     flush_args a = {c, until, 0};
+    sv_req *r = get(self);
     while (a.result == 0) {
+        r->writing = 1;
         rb_thread_call_without_gvl(flush_nogvl, &a, RUBY_UBF_IO, NULL);
+        r->writing = 0;
         if (a.result == 0)
             rb_thread_check_ints();
     }
@@ -515,6 +521,45 @@ static VALUE req_abort(VALUE self)
     return Qnil;
 }
 
+/* expire(status, message) -> true when the client was answered `status`
+ * (with connection: close) and the connection left the request; false when
+ * nothing could be sent: the request ended, was hijacked, its head is out
+ * or a write of it runs without the GVL. Called by the request-timeout
+ * watchdog (lib/serval/request_timeout.rb) from its own thread while the
+ * request's thread still runs the app: every Request method runs with the
+ * GVL and finds no connection afterwards (ConnectionError, or a no-op in
+ * #finish and #abort), so the app's late response goes nowhere. */
+static VALUE req_expire(VALUE self, VALUE status, VALUE message)
+{
+    sv_req *r = get(self);
+    sv_conn *c = r->conn;
+    if (!c || r->writing || c->head_written)
+        return Qfalse;
+    int code = NUM2INT(status);
+    const char *msg = StringValueCStr(message);
+    const char *phrase = sv_reason_phrase(code);
+    char head[512];
+    int blen = (int)strlen(msg) + 1;
+    int n = snprintf(head, sizeof(head),
+                     "HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                     "content-length: %d\r\nconnection: close\r\n\r\n%s\n",
+                     code, *phrase ? phrase : "Error", blen, msg);
+    if (n < 0 || n >= (int)sizeof(head))
+        rb_raise(rb_eArgError, "message too long");
+    c->out.len = c->out.off = 0;
+    c->file_rem = 0;
+    if (sv_buf_append(&c->out, head, (size_t)n, (size_t)n + SV_OUT_MIN) != 0)
+        return Qfalse;
+    c->keep_alive = 0;
+    c->close_after = 1;
+    sv_errlog_push(&c->core->errlog, code, *phrase ? phrase : "Error", msg, c->remote);
+    detach_timing(r);
+    r->conn = NULL;
+    ended(r);
+    sv_conn_response_done(c, sv_now());
+    return Qtrue;
+}
+
 static VALUE req_hijack(VALUE self)
 {
     sv_req *r = get(self);
@@ -648,6 +693,7 @@ void sv_init_request(VALUE mNative)
     rb_define_method(sv_cRequest, "sendfile", req_sendfile, 3);
     rb_define_method(sv_cRequest, "finish", req_finish, 0);
     rb_define_method(sv_cRequest, "abort", req_abort, 0);
+    rb_define_method(sv_cRequest, "expire", req_expire, 2);
     rb_define_method(sv_cRequest, "hijack", req_hijack, 0);
     rb_define_method(sv_cRequest, "call", req_call, 0);
     rb_define_method(sv_cRequest, "hijacked?", req_hijacked_p, 0);

@@ -71,6 +71,9 @@ module Serval
       worker_max_requests: nil,        # recycle a worker after this many requests (cluster; docs/configuration.md)
       worker_max_requests_jitter: 0.1, # each worker's limit is drawn in N..N*(1+jitter)
       worker_max_memory: nil,          # recycle a worker above this many MB of PSS (RSS where PSS is unreadable)
+      request_timeout: nil,            # seconds; a request running longer is answered 503/504 (docs/configuration.md)
+      request_timeout_raise: false,    # also raise Serval::RequestTimeout in its thread
+      request_timeout_grace: 10.0,     # a thread not back this long after: stuck (cluster: worker replaced)
       before_fork: [].freeze,
       before_worker_boot: [].freeze,
       after_worker_boot: [].freeze,
@@ -185,6 +188,9 @@ module Serval
       worker_max_requests: [:int_or_nil, 1, 1 << 62],
       worker_max_requests_jitter: [:seconds, 0.0, 1.0], # a fraction
       worker_max_memory: [:int_or_nil, 1, 1 << 30],
+      request_timeout: [:seconds_or_nil, 0.0, DAY], # 0: off, as nil
+      request_timeout_raise: [:bool],
+      request_timeout_grace: [:seconds, 0.0, DAY],
       before_fork: [:hooks], before_worker_boot: [:hooks], after_worker_boot: [:hooks],
       before_worker_shutdown: [:hooks], after_worker_shutdown: [:hooks],
       before_worker_fork: [:hooks], after_booted: [:hooks], before_restart: [:hooks], after_stopped: [:hooks],

@@ -26,6 +26,7 @@ module Serval
       control_url control_auth_token error_log_limit gvl_balance gvl_balance_interval agent_check_url thread_polls
       threads_auto_max auto_interval max_io_threads io_lane_idle db_pool_wait
       worker_max_requests worker_max_requests_jitter worker_max_memory
+      request_timeout request_timeout_raise request_timeout_grace
     ].freeze
 
     DEFAULT_HOST = "0.0.0.0"

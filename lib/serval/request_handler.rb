@@ -18,6 +18,7 @@ module Serval
                     SERVER_PORT HTTP_HOST rack.input rack.hijack rack.response_finished rack.after_reply].freeze
 
     attr_reader :timing
+    attr_writer :watchdog # a RequestTimeoutWatchdog (request_timeout), or nil
 
     def initialize(app, options, log_writer)
       @app = AppWrappers.wrap(app, options) # supported_http_methods, fiber_per_request
@@ -42,6 +43,7 @@ module Serval
     def call(request)
       started = Process.clock_gettime(Process::CLOCK_MONOTONIC) if @log_requests
       env = request.start(@template, @timing_every) # the env, and the timing begun (with timing on)
+      @watchdog&.watch(request, env)
       if (body = request.body)
         env[RACK_INPUT] = input = make_input(body)
       end
@@ -74,6 +76,7 @@ module Serval
       # When the thread was killed (a stop timeout) or anything before
       # finish raised, the connection is closed instead of staying open with
       # no one left to answer it. (After finish it would be a no-op.)
+      @watchdog&.done
       request.abort unless finished
       input.close if input && input.is_a?(File)
     end

@@ -42,6 +42,7 @@ module Serval
       @poll_errors = poll_errors
       @on_stopped = stopped
       auto_parts(options, log_writer)
+      timeout_part(options, log_writer)
       @listeners = []
       @state = :new
       @mutex = Mutex.new
@@ -64,6 +65,7 @@ module Serval
       @thread_pool.start
       @tuner&.start
       @io_lane&.start
+      @watchdog&.start
       @state = :running
       self
     end
@@ -128,6 +130,7 @@ module Serval
         h[:fair_preemptions] = Fairness.preemptions if @fairness == :preempt
         h[:auto] = @tuner.stats if @tuner
         h[:io_lane] = @io_lane.stats if @io_lane
+        h.merge!(@watchdog.stats) if @watchdog
         pools = db_pools
         h[:db_pools] = pools if pools
       end
@@ -170,6 +173,17 @@ module Serval
                                                 idle_after: options[:io_lane_idle], log_writer: log_writer)
     end
 
+    # request_timeout: a watchdog thread, only when set (Single/Worker pass replace_me in a cluster).
+    def timeout_part(options, log_writer)
+      return unless options[:request_timeout].to_f.positive?
+
+      require "serval/request_timeout"
+      @watchdog = RequestTimeoutWatchdog.new(timeout: options[:request_timeout], raise_in_thread: options[:request_timeout_raise],
+                                             grace: options[:request_timeout_grace], log_writer: log_writer,
+                                             replace_me: options[:replace_me])
+      @handler.watchdog = @watchdog
+    end
+
     def stop_auto
       @tuner&.stop
       @io_lane&.stop
@@ -197,6 +211,7 @@ module Serval
 
     def mark_stopped
       Fairness.stop if @fairness
+      @watchdog&.stop
       first = @mutex.synchronize do
         was = @state
         @state = :stopped
