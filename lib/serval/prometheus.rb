@@ -33,6 +33,8 @@ module Serval
       output_waits: ["serval_output_waits_total", :counter, "Times a writer waited for its client: no output memory or spill left"],
       polled_rounds: ["serval_polled_rounds_total", :counter, "Rounds of the event loop run by request threads (thread polls)"],
       polled_waits: ["serval_polled_waits_total", :counter, "Of those, rounds a request thread with nothing to do waited on the epoll for"],
+      request_timeouts: ["serval_request_timeouts_total", :counter, "Requests that ran past request_timeout"],
+      stuck_threads: ["serval_stuck_threads", :gauge, "Request threads still running request_timeout_grace after their timeout"],
       workers: ["serval_workers", :gauge, "Configured workers"],
       booted_workers: ["serval_booted_workers", :gauge, "Workers booted and serving"],
       old_workers: ["serval_old_workers", :gauge, "Workers of an older phase still running"],
