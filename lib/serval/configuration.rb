@@ -74,6 +74,7 @@ module Serval
       request_timeout: nil,            # seconds; a request running longer is answered 503/504 (docs/configuration.md)
       request_timeout_raise: false,    # also raise Serval::RequestTimeout in its thread
       request_timeout_grace: 10.0,     # a thread not back this long after: stuck (cluster: worker replaced)
+      oob_gc: nil,                     # N: GC.start when idle, once per N requests (true: 1)
       before_fork: [].freeze,
       before_worker_boot: [].freeze,
       after_worker_boot: [].freeze,
@@ -191,6 +192,7 @@ module Serval
       request_timeout: [:seconds_or_nil, 0.0, DAY], # 0: off, as nil
       request_timeout_raise: [:bool],
       request_timeout_grace: [:seconds, 0.0, DAY],
+      oob_gc: [:int_or_nil, 1, 1 << 30],
       before_fork: [:hooks], before_worker_boot: [:hooks], after_worker_boot: [:hooks],
       before_worker_shutdown: [:hooks], after_worker_shutdown: [:hooks],
       before_worker_fork: [:hooks], after_booted: [:hooks], before_restart: [:hooks], after_stopped: [:hooks],

@@ -73,6 +73,11 @@ module Serval
       define_method(key) { |value| set(key, value) }
     end
 
+    # oob_gc N: a full GC when idle, once per N requests; true is 1, false off.
+    def oob_gc(every = true)
+      set(:oob_gc, { true => 1, false => nil }.fetch(every, every))
+    end
+
     def bind(uri)
       uri = Configuration.string(:bind, uri)
       require "serval/binder"

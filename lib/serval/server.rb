@@ -36,8 +36,7 @@ module Serval
       @handler = RequestHandler.new(app, options, log_writer)
       @thread_pool = ThreadPool.new(@core, min: options[:min_threads], max: options[:max_threads],
                                            idle_timeout: options[:thread_idle_timeout],
-                                           log_writer: log_writer, handler: @handler,
-                                           hooks: options.slice(:before_thread_start, :before_thread_exit, :out_of_band))
+                                           log_writer: log_writer, handler: @handler, hooks: pool_hooks(options))
       @error_log = ErrorLog.new(@core, log_writer, limit: options[:error_log_limit])
       @poll_errors = poll_errors
       @on_stopped = stopped
@@ -131,6 +130,7 @@ module Serval
         h[:auto] = @tuner.stats if @tuner
         h[:io_lane] = @io_lane.stats if @io_lane
         h.merge!(@watchdog.stats) if @watchdog
+        h[:oob_gc_runs] = @oob_gc.runs if @oob_gc
         pools = db_pools
         h[:db_pools] = pools if pools
       end
@@ -171,6 +171,16 @@ module Serval
       require "serval/auto/io_lane"
       @io_lane = Auto::IoLane.new(@thread_pool, max_io_threads: options[:max_io_threads],
                                                 idle_after: options[:io_lane_idle], log_writer: log_writer)
+    end
+
+    # Puma's thread and out_of_band hooks; oob_gc joins the out_of_band ones.
+    def pool_hooks(options)
+      hooks = options.slice(:before_thread_start, :before_thread_exit, :out_of_band)
+      return hooks unless options[:oob_gc]
+
+      require "serval/oob_gc"
+      @oob_gc = OobGc.new(@core, every: options[:oob_gc])
+      hooks.merge(out_of_band: [@oob_gc, *hooks[:out_of_band]]) # first: a user hook sees the GC done
     end
 
     # request_timeout: a watchdog thread, only when set (Single/Worker pass replace_me in a cluster).
