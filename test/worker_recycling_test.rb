@@ -57,7 +57,7 @@ class WorkerRecyclingTest < Minitest::Test
   end
 
   def test_bad_values_are_refused_at_boot
-    [["worker_max_requests 0", /worker_max_requests/], ["worker_max_memory -5", /worker_max_memory/],
+    [["worker_max_requests 0", /worker_max_requests/], ["worker_max_memory(-5)", /worker_max_memory/],
      ["worker_max_requests_jitter 2", /worker_max_requests_jitter/]].each do |line, pattern|
       Dir.mktmpdir do |dir|
         file = File.join(dir, "c.rb")
