@@ -23,9 +23,10 @@ class AdviceLogTest < Minitest::Test
   # Stands in for Serval::Launcher.
   class Launcher
     attr_accessor :window, :booted
+    attr_writer :stats
 
     def initialize(window) = @window = window
-    def stats = {}
+    def stats = @stats || {}
     def wait_until_booted(_timeout) = true
   end
 
@@ -62,7 +63,7 @@ class AdviceLogTest < Minitest::Test
   def test_with_threads_auto_the_line_gives_autos_decision
     launcher = Launcher.new(AdviceWindows.window(1500, run: 0.014, idle: 0.006))
     auto = { target_threads: 5, model_threads: 2, model_open_threads: 3 }
-    launcher.define_singleton_method(:stats) { { auto: auto } }
+    launcher.stats = { auto: auto }
     log = log_for(launcher)
     line = log.check
     assert_match(/\Aadvice: \d+ process(es)?; threads :auto runs 5 threads \(its model: knee 2, lowest p99 at 3; cpu share 0\.\d+ from 1,500 requests\)\z/,
@@ -72,7 +73,7 @@ class AdviceLogTest < Minitest::Test
     assert_nil log.check, "auto's own change is auto's line (threads: 5 -> 3)"
     workers = [{ last_status: { auto: { target_threads: 3, model_threads: 3 } } },
                { last_status: { auto: { target_threads: 4, model_threads: 3 } } }]
-    launcher.define_singleton_method(:stats) { { worker_status: workers } }
+    launcher.stats = { worker_status: workers }
     line = log_for(launcher).check
     assert_match(/threads :auto runs 3\/4 threads \(its model: knee 3; /, line)
   end
