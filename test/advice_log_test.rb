@@ -23,9 +23,10 @@ class AdviceLogTest < Minitest::Test
   # Stands in for Serval::Launcher.
   class Launcher
     attr_accessor :window, :booted
+    attr_writer :stats
 
     def initialize(window) = @window = window
-    def stats = {}
+    def stats = @stats || {}
     def wait_until_booted(_timeout) = true
   end
 
@@ -54,6 +55,27 @@ class AdviceLogTest < Minitest::Test
     refute_equal line[/\d+ threads/], changed[/\d+ threads/]
     assert_equal [:info, changed], @log.queue.pop
     assert @log.queue.empty?
+  end
+
+  # With threads :auto the line's thread count is auto's, read from its
+  # stats (single mode: the server's; cluster: each worker's check-in), and
+  # a change of auto's count alone logs nothing new: auto logs its changes.
+  def test_with_threads_auto_the_line_gives_autos_decision
+    launcher = Launcher.new(AdviceWindows.window(1500, run: 0.014, idle: 0.006))
+    auto = { target_threads: 5, model_threads: 2, model_open_threads: 3 }
+    launcher.stats = { auto: auto }
+    log = log_for(launcher)
+    line = log.check
+    assert_match(/\Aadvice: \d+ process(es)?; threads :auto runs 5 threads \(its model: knee 2, lowest p99 at 3; cpu share 0\.\d+ from 1,500 requests\)\z/,
+                 line)
+    refute_match(/\d+ threads x/, line, "no second thread count beside auto's")
+    auto[:target_threads] = 3
+    assert_nil log.check, "auto's own change is auto's line (threads: 5 -> 3)"
+    workers = [{ last_status: { auto: { target_threads: 3, model_threads: 3 } } },
+               { last_status: { auto: { target_threads: 4, model_threads: 3 } } }]
+    launcher.stats = { worker_status: workers }
+    line = log_for(launcher).check
+    assert_match(/threads :auto runs 3\/4 threads \(its model: knee 3; /, line)
   end
 
   # What #start gives it: the check in a child process at nice 19, the same

@@ -65,9 +65,24 @@ class BalancePolicyTest < Minitest::Test
     assert policy.decide(own(0.98, 4.0), idle, 2.2).move
   end
 
+  # Four keep-alive clients 3 + 1 at 35 % CPU: the worker with three holds
+  # the GVL ~81 % of the time, its sibling ~35 %: one moves (2 + 2 then
+  # stays: same busy, and both below saturation, so neither holds).
+  def test_three_clients_against_one_at_a_third_cpu_move_one
+    policy = Policy.new(interval: 1.0)
+    one = [sibling(1, util: 0.35, busy: 1.0)]
+    assert policy.decide(own(0.81, 3.0), one, 0.0).hold
+    refute policy.decide(own(0.81, 3.0), one, 0.5).move
+    assert policy.decide(own(0.81, 3.0), one, 1.0).move
+    even = [sibling(1, util: 0.62, busy: 2.0)]
+    refute policy.decide(own(0.62, 2.0), even, 5.0).hold
+    refute policy.decide(own(0.62, 2.0), even, 9.0).move
+    refute policy.decide(own(0.7, 3.0), one, 10.0).hold, "below saturation: a 3 + 1 at less CPU is left alone"
+  end
+
   def test_small_difference_holds_but_never_moves
     policy = Policy.new(interval: 0.5)
-    list = [sibling(1, util: 0.8, busy: 2.0)]
+    list = [sibling(1, util: 0.7, busy: 2.0)]
     decisions = (0..20).map { |i| policy.decide(own(0.95, 3.0), list, i * 0.1) }
     assert decisions.all?(&:hold)
     assert decisions.none?(&:move)

@@ -33,7 +33,7 @@ module Serval
         return "* Threads: #{options[:min_threads]}..#{options[:max_threads]} (#{threads_source(options)})"
       end
 
-      "* Threads: auto, starting at #{options[:max_threads]}, within #{[options[:min_threads], 1].max}.." \
+      "* Threads: auto, starting at #{options[:max_threads]}, within #{Configuration.auto_floor(options)}.." \
         "#{options[:threads_auto_max]} (#{source(options, :threads_auto)})"
     end
 

@@ -26,6 +26,7 @@ module Serval
       max_threads: 5,             # with threads_auto: the count it starts from
       threads_auto: false,        # threads :auto / -t auto / RAILS_MAX_THREADS=auto (docs/tuning.md)
       threads_auto_max: 16,       # the most threads auto may set (-t auto:MAX)
+      threads_auto_min: 0,        # the fewest, given with auto (-t MIN:auto); 0: none given, auto may go to 1
       auto_interval: 5.0,         # seconds between auto's measurements
       max_io_threads: 0,          # the I/O lane: threads above max while requests idle in flight; 0: off
       io_lane_idle: 0.5,          # a request idle this long (and 3/4 of its time) counts for the lane
@@ -144,6 +145,7 @@ module Serval
       max_threads: [:int, 1, 4096],
       threads_auto: [:bool],
       threads_auto_max: [:int, 1, 4096],
+      threads_auto_min: [:int, 0, 4096],
       auto_interval: [:seconds, 0.05, 3600.0],
       max_io_threads: [:int, 0, 4096],
       io_lane_idle: [:seconds, 0.01, 3600.0],
@@ -301,20 +303,29 @@ module Serval
     end
 
     # threads :auto starts from max_threads (the default 5, RAILS_MAX_THREADS
-    # or a config file's count), kept within min_threads..threads_auto_max.
+    # or a config file's count), kept within its floor..threads_auto_max. The
+    # floor is a minimum given with auto (`threads 2, :auto`, `-t 2:auto`),
+    # else 1: a min_threads that came with a fixed count (`threads 5, 5` in a
+    # file that `-t auto` overrides) is not auto's floor, only how many
+    # threads start (never more than auto starts at).
     # It measures with the timing figures, so it needs them on.
     def self.settle_auto(opts)
       return unless opts[:threads_auto]
 
       cap = opts[:threads_auto_max]
-      if opts[:min_threads] > cap
-        raise ConfigError, "threads_auto_max: must be >= min_threads (#{opts[:min_threads]}, " \
-                           "#{source(opts, :min_threads)}), got #{cap} (#{source(opts, :threads_auto_max)})"
+      floor = auto_floor(opts)
+      if floor > cap
+        raise ConfigError, "threads_auto_max: must be >= the minimum given with auto (#{floor}, " \
+                           "#{source(opts, :threads_auto_min)}), got #{cap} (#{source(opts, :threads_auto_max)})"
       end
       raise ConfigError, "threads: auto needs timing (it measures with it); remove `timing false`" unless opts[:timing]
 
-      opts[:max_threads] = opts[:max_threads].clamp([opts[:min_threads], 1].max, cap)
+      opts[:max_threads] = opts[:max_threads].clamp(floor, cap)
+      opts[:min_threads] = [opts[:min_threads], opts[:max_threads]].min
     end
+
+    # The fewest threads auto may set: a minimum given with auto, else 1.
+    def self.auto_floor(opts) = [opts.fetch(:threads_auto_min, 0), 1].max
 
     def self.check_relations(opts)
       RemoteAddress.check(opts)

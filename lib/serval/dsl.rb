@@ -132,6 +132,7 @@ module Serval
         store(:threads_auto_max, Configuration.coerce(:threads_auto_max, max, name: "threads: auto:MAX"))
       elsif !auto?(min)
         store(:min_threads, Configuration.coerce(:min_threads, min, name: "threads: min"))
+        store(:threads_auto_min, @options[:min_threads]) # auto's floor (Configuration.settle_auto)
       end
       store(:threads_auto, true)
     end

@@ -56,6 +56,43 @@ class AutoThreadsTest < Minitest::Test
     end
   end
 
+  # `-t auto` over a file's `threads 5, 5`: 5 threads start, but auto's
+  # floor is 1 (no minimum was given with auto), and a decision below 5 is
+  # applied: the pool then runs at most that many requests at once.
+  def test_a_decision_below_a_minimum_not_given_with_auto_is_applied
+    gate = Queue.new
+    entered = Queue.new
+    app = lambda do |_env|
+      entered << true
+      gate.pop
+      [200, { "content-type" => "text/plain" }, ["ok"]]
+    end
+    with_server(app, min_threads: 5, max_threads: 5, threads_auto: true, threads_auto_max: 8,
+                     auto_interval: 60) do |server, port|
+      tuner = server.instance_variable_get(:@tuner)
+      assert_equal [1, 8], [tuner.controller.min, tuner.controller.max]
+      tuner.send(:apply, Serval::Auto::Decision.new(target: 2, from: 5, changed: true, reason: "test"))
+      assert_equal [2, 2], server.stats.values_at(:min_threads, :max_threads)
+      deadline = now + 10
+      sleep 0.05 until server.stats[:running] <= 2 || now > deadline # the surplus threads leave after their wait
+      clients = Array.new(4) do
+        Thread.new do
+          c = connect(port, timeout: 10)
+          c.write(get("/", { "Connection" => "close" }))
+          c.read_response.tap { c.close }
+        end
+      end
+      2.times { entered.pop }
+      deadline = now + 10
+      sleep 0.02 until server.stats[:backlog] >= 2 || now > deadline # with 5 threads all four would run
+      assert_equal [2, 2], server.stats.values_at(:busy_threads, :backlog)
+      4.times { gate << true }
+      2.times { entered.pop }
+      clients.each { |t| assert_equal 200, t.value.status }
+      assert_operator server.stats[:running], :<=, 2
+    end
+  end
+
   def test_without_auto_there_is_no_tuner
     with_server(->(_env) { [200, {}, ["ok"]] }, max_threads: 2) do |server, _port|
       assert_nil server.stats[:auto]

@@ -52,6 +52,24 @@ class AutoConfigTest < Minitest::Test
     assert_equal [4, 1.0], load(file: "max_io_threads 4\nio_lane_idle 1").values_at(:max_io_threads, :io_lane_idle)
   end
 
+  # Auto's floor is a minimum given with auto; a minimum that came with a
+  # fixed count in a lower layer (a config file's `threads 5, 5` under
+  # `-t auto`) only says how many threads start, never above where auto starts.
+  def test_auto_floor_is_a_minimum_given_with_auto
+    floor = ->(opts) { Serval::Configuration.auto_floor(opts) }
+    opts = load(file: "threads 5, 5", argv: %w[-t auto])
+    assert_equal [true, 5, 5, 16], auto(opts)
+    assert_equal 1, floor.(opts), "-t auto over `threads 5, 5`: may go below 5"
+    opts = load(file: "threads 5, 5", argv: %w[-t auto:3])
+    assert_equal [true, 3, 3, 3], auto(opts), "starts at 3 threads, not 5"
+    assert_equal 1, floor.(opts)
+    assert_equal 2, floor.(load(argv: %w[-t 2:auto]))
+    assert_equal 2, floor.(load(file: "threads 2, :auto"))
+    assert_equal 2, floor.(load(file: "threads 2, :auto", argv: %w[-t auto])), "auto without a minimum keeps one given with auto"
+    assert_equal 1, floor.(load(env: { "RAILS_MAX_THREADS" => "auto", "RAILS_MIN_THREADS" => "4" }))
+    assert_equal 1, floor.(load(argv: %w[-t auto]))
+  end
+
   def test_rails_max_threads_auto
     opts = load(env: { "RAILS_MAX_THREADS" => "auto" })
     assert_equal [true, 0, 5, 16], auto(opts)
@@ -70,7 +88,7 @@ class AutoConfigTest < Minitest::Test
     e = assert_raises(Serval::ConfigError) { load(argv: %w[-t 9:auto:3]) }
     assert_match(/threads: expected MIN:MAX, N, auto/, e.message)
     e = assert_raises(Serval::ConfigError) { load(file: "threads 8, :auto\nthreads_auto_max 4") }
-    assert_match(/threads_auto_max: must be >= min_threads \(8/, e.message)
+    assert_match(/threads_auto_max: must be >= the minimum given with auto \(8, config/, e.message)
     e = assert_raises(Serval::ConfigError) { load(file: "threads :auto\ntiming false") }
     assert_match(/threads: auto needs timing/, e.message)
     e = assert_raises(Serval::ConfigError) { load(file: "max_io_threads 2\ntiming false") }

@@ -201,16 +201,27 @@ class AutoControllerTest < Minitest::Test
     refute c.observe(m(threads: 6, rps: 55, queue: 0.03, wall: 0.05), model: model).changed
     d = c.observe(m(threads: 6, rps: 55, queue: 0.03, wall: 0.05), model: model)
     assert d.changed
-    assert_equal 4, d.target, "bounded step toward 3"
-    assert_match(/arrivals at 55 req\/s, 73 % of what 6 threads serve: the model's p99 is 250 ms at 3 threads, 330 ms at 6/,
+    assert_equal 4, d.target, "to 4: as good as the best (3) within 5 %, on the safe side of it"
+    assert_match(/arrivals at 55 req\/s, 73 % of what 6 threads serve: the model's p99 is 260 ms at 4 threads, 330 ms at 6 \(best 3: 250 ms\)/,
                  d.reason)
     2.times { c.observe(m(threads: 4, rps: 55, queue: 0.03, wall: 0.05), model: model) }
     assert_equal 4, c.target, "4's predicted p99 is within 5 % of 3's: hold"
     assert_match(/p99 at 4 threads \(260 ms\) is within 5 % of the best \(3 threads\)/, c.reason)
-    # too few threads for the arrivals at part load: up to the best
+    # too few threads for the arrivals at part load: up past the best, to 4
     up = controller(initial: 2, cooldown: 0, margin: 0)
     2.times { up.observe(m(threads: 2, rps: 55, queue: 0.03, wall: 0.05), model: model) }
-    assert_equal 3, up.target
+    assert_equal 4, up.target
+    # at the best count itself: one more, as good within 5 % (the cliff is below it)
+    at = controller(initial: 3, cooldown: 0, margin: 0)
+    2.times { at.observe(m(threads: 3, rps: 55, queue: 0.03, wall: 0.05), model: model) }
+    assert_equal 4, at.target
+    # a model whose best has nothing as good above it: the best
+    steep = model.merge(p99: [inf, 0.35, 0.25, 0.30, 0.33, 0.36, 0.40, 0.45])
+    at = controller(initial: 6, cooldown: 0, margin: 0)
+    2.times { at.observe(m(threads: 6, rps: 55, queue: 0.03, wall: 0.05), model: steep) }
+    assert_equal 4, at.target, "bounded step"
+    2.times { at.observe(m(threads: 4, rps: 55, queue: 0.03, wall: 0.05), model: steep) }
+    assert_equal 3, at.target
     # waits longer than a request's own time at part load: still the p99 rule (the prediction counts the queue)
     c2 = controller(initial: 6, cooldown: 0, margin: 0)
     2.times { c2.observe(m(threads: 6, rps: 55, queue: 0.3, wall: 0.05, gvl: 0.9), model: model) }
@@ -237,8 +248,11 @@ class AutoControllerTest < Minitest::Test
     assert_equal 6, d.target
     # 6 threads: as many req/s (the arrivals), more stall, a latency no shorter
     d = c.observe(m(threads: 6, rps: 107.4, queue: 0.06, stall: 0.0176, wall: 0.05, gvl: 0.83), model: model)
+    assert_equal 7, d.target, "not back to 5: up to 7, as good as the best (6) within 5 %"
+    assert_match(/p99 is 220 ms at 7 threads, 210 ms at 6 \(best 6: 210 ms\)/, d.reason)
+    d = c.observe(m(threads: 7, rps: 107.4, queue: 0.06, stall: 0.02, wall: 0.05, gvl: 0.83), model: model)
     refute d.changed, d.reason
-    assert_match(/p99 at 6 threads \(210 ms\) is within 5 % of the best \(6 threads\)/, d.reason)
+    assert_match(/p99 at 7 threads \(220 ms\) is within 5 % of the best \(6 threads\)/, d.reason)
     closed = model.merge(p99: nil)
     s = controller(initial: 5, cooldown: 0, agree: 1, step: 1, margin: 0)
     s.observe(m(threads: 5, rps: 125, queue: 0.2, stall: 0.013, wall: 0.05, gvl: 0.95), model: closed)

@@ -68,9 +68,13 @@ module Serval
     #   model;
     # - at part load (arrivals below `open_load` of what the model says the
     #   count serves), with a model that predicts
-    #   open-loop p99 at the measured arrival rate: to the count with the
+    #   open-loop p99 at the measured arrival rate: toward the count with the
     #   lowest predicted p99, when the current count's is more than
-    #   `open_gain` above it (up or down; the closed-loop rules above are
+    #   `open_gain` above it or the count is not above that best - then to
+    #   the most threads, at most `open_above` past it, within `open_gain`
+    #   of it (p99 is a cliff below the best count and a slope above it, and
+    #   the model errs by a few per cent: the safe side is above)
+    #   (up or down; the closed-loop rules above are
     #   about saturation and do not apply: at part load req/s is the
     #   arrival rate whatever the count, and a burst queues at any count);
     # - hold otherwise, with too few requests, or in the `cooldown` intervals
@@ -106,7 +110,11 @@ module Serval
         probe_queue: 2.0,     # ... longer than this many times their wall (a standing queue) -> probe +1
         open_load: 0.9,       # arrivals below this share of the model's req/s at the count, no standing queue:
                               # part load, where the count with the lowest predicted p99 is the target
-        open_gain: 0.05       # ... moved to only when the count's predicted p99 is this much above it
+        open_gain: 0.05,      # ... moved to only when the count's predicted p99 is this much above it,
+        open_above: 2         # ... or the count is at or below that best: then to the most threads up to this
+                              # many past it whose p99 is within open_gain of it (p99 climbs steeply below
+                              # the best count and slowly above, and the model's capacity per count errs by a
+                              # few per cent: the top of the flat part is the safe side)
       }.freeze
 
       # The fewest threads (1-based) whose predicted req/s reaches `fraction`
@@ -246,15 +254,20 @@ module Serval
         return [:hold, n, "part load; the model has no p99 for #{n} threads yet"] unless now
 
         top = [cap, ceiling, p99.size].min
-        best = (1..top).select { |t| p99[t - 1] }.min_by { |t| [p99[t - 1], t] } || n
+        counts = (1..top).select { |t| p99[t - 1] }
+        best = counts.min_by { |t| [p99[t - 1], t] } || n
+        near = ->(t) { p99[t - 1] && p99[t - 1] <= p99[best - 1] * (1 + @s[:open_gain]) }
+        # the most threads, up to `open_above` past the best, whose p99 is as good
+        target = counts.select { |t| t > best && t <= best + @s[:open_above] && near.(t) }.max || best
         load = format("arrivals at %.0f req/s, %d %% of what %d threads serve", m.rps, (m.rps / here_rps * 100).round, n)
-        if now <= p99[best - 1] * (1 + @s[:open_gain])
+        if near.(n) && (n > best || n == target)
           return [:hold, n, format("%s: the model's p99 at %d threads (%s) is within %d %% of the best (%d threads)",
                                    load, n, ms(now), (@s[:open_gain] * 100).round, best)]
         end
 
-        [best > n ? :up : :down, best, format("%s: the model's p99 is %s at %d threads, %s at %d",
-                                              load, ms(p99[best - 1]), best, ms(now), n)]
+        [target > n ? :up : :down, target, format("%s: the model's p99 is %s at %d threads, %s at %d%s",
+                                                  load, ms(p99[target - 1]), target, ms(now), n,
+                                                  target == best ? "" : format(" (best %d: %s)", best, ms(p99[best - 1])))]
       end
 
       # The process serves (near) all the model says its count can: a closed

@@ -33,9 +33,11 @@ module Serval
         @pool = pool
         @log_writer = log_writer
         @interval = options[:auto_interval]
-        min = [options[:min_threads], 1].max
+        # the floor is a minimum given with auto, else 1 (Configuration.settle_auto)
+        min = [options.fetch(:threads_auto_min, 0), 1].max
         @controller = Controller.new(min: [min, options[:threads_auto_max]].min, max: options[:threads_auto_max],
                                      initial: options[:max_threads])
+        @spawn_min = options[:min_threads].to_i # threads started up front, never above the count auto sets
         @mutex = Mutex.new # the figures #stats reads
         @changed_at = nil
         @changes = 0
@@ -51,7 +53,7 @@ module Serval
       attr_reader :controller
 
       def start
-        @pool.resize(@pool.min, @controller.target) if @pool.max != @controller.target
+        resize(@controller.target) if @pool.max != @controller.target
         @sampler ||= Sampler.new
         @runner ||= ModelProcess.new
         # with fair_timeslice on (Ruby 3.3+), the model's runs give the GVL to
@@ -136,13 +138,15 @@ module Serval
       end
 
       def apply(decision)
-        @pool.resize(@pool.min, decision.target)
+        resize(decision.target)
         @mutex.synchronize do
           @changed_at = Time.now
           @changes += 1
         end
         @log_writer.info("threads: #{decision.from} -> #{decision.target} (#{decision.reason})")
       end
+
+      def resize(target) = @pool.resize([@spawn_min, target].min, target)
 
       def knee(model) = Controller.knee(model[:rps], @controller.settings[:fraction])
 
