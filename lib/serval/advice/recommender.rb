@@ -13,6 +13,10 @@ module Serval
     #   max_rps_per_process  predicted closed-loop req/s at `threads`
     #   max_rps_per_machine  x processes
     #   knee                 the knee before the pool cap / stall limit
+    #   threads_range        [fewest, most]: the threads advised at the ends of the 95 % interval of the
+    #                        requests' run / io ratio (its sampling error: Workload#ratio_within), always
+    #                        holding `threads`; it narrows as requests accumulate (nil: range: false, or
+    #                        under 30 paired samples) - range: {within:, basis:, knees:}
     #   stall                predicted mean and p95 GVL stall per request at `threads`, saturated
     #   sweep                one row per thread count: rps, gain, stall, wall p50/p99
     #   load                 open-loop latency at DEFAULTS[:load_points] of max req/s
@@ -102,8 +106,10 @@ module Serval
         db = Database.call(threads: threads, processes: procs[:processes], **@fleet)
         @warnings.concat(db.delete(:warnings))
         share = workload.cpu_share
+        range = threads_range(workload, sim, threads, pool)
         result = base.merge(
-          enough_data: true, threads: threads, processes: procs[:processes], cpu_share: share.round(4),
+          enough_data: true, threads: threads, threads_range: range && range[:threads],
+          range: range && range.except(:threads), processes: procs[:processes], cpu_share: share.round(4),
           max_rps_per_process: chosen.rps.round(2), max_rps_per_machine: (chosen.rps * procs[:processes]).round(2),
           knee: knee, stall: { mean: chosen.stall_mean.round(6), p95: chosen.stall_p95.round(6) },
           workload: { mean_run: workload.mean_run.round(6), mean_io: workload.mean_io.round(6),
@@ -191,6 +197,33 @@ module Serval
           threads = pool[:size]
         end
         [info, threads]
+      end
+
+      # The answer's sampling error: the run / io ratio's 95 % interval
+      # (Workload#ratio_within) played as every CPU segment that much longer
+      # (fewer threads) and shorter (more), each swept like the answer
+      # itself, capped by the same pool. The answer stays the middle
+      # estimate; the range says how far the window's own data leaves it.
+      def threads_range(workload, sim, threads, pool)
+        return nil unless @s[:range]
+
+        run_key = @window.samples.any? { |s| s[:run] } ? :run : :cpu
+        idle_key = @window.samples.any? { |s| s[:idle] } ? :idle : :wall
+        basis = [@window.mean_basis(run_key), @window.mean_basis(idle_key)].min
+        k = workload.ratio_within(basis: basis) or return nil
+
+        max = [@s[:sweep_max], @window.max_threads || 0].max
+        knees = [1 + k, 1 - k].map { |f| Sweep.new(sim.scaled(f), max: max, fraction: @s[:knee_fraction]).knee }
+        knees = knees.map { |t| [t, pool[:size]].min } if pool&.dig(:binds) || (pool && knees.max > pool[:size])
+        lo = [knees.min, threads].min
+        hi = [knees.max, threads].max
+        share_lo, share_hi = [1 - k, 1 + k].map { |f| (r = f * workload.mean_run) / (r + workload.mean_io) }
+        if lo != hi
+          @reasons << format("from %s requests the run / io ratio is known to +-%.1f %% (95 %%): cpu share %.2f-%.2f, " \
+                             "%d-%d threads", grouped(basis), 100 * k, share_lo, share_hi, lo, hi)
+        end
+        { threads: [lo, hi], within: k.round(4), basis: basis, knees: knees.sort,
+          cpu_share: [share_lo.round(4), share_hi.round(4)] }
       end
 
       # The model for open-loop points: p99 near capacity rests on a few
@@ -289,13 +322,20 @@ module Serval
                     end
       end
 
+      # "3 threads (2-4)", or "3 threads" when the range is the answer.
+      def self.threads_text(r)
+        lo, hi = r[:threads_range]
+        text = "#{r[:threads]} threads"
+        lo && hi && lo != hi ? "#{text} (#{lo}-#{hi})" : text
+      end
+
       def grouped(n) = n.to_s.reverse.scan(/\d{1,3}/).join(",").reverse # 12400 -> "12,400"
 
       def summary(r)
         running = r[:running_threads] ? "; running #{r[:running_threads]} threads" : ""
         stall = r[:measured][:stall_p95] ? format(", stall p95 %.0f ms", r[:measured][:stall_p95] * 1e3) : ""
-        format("advice: %d threads x %d processes (cpu share %.2f from %s requests%s%s)",
-               r[:threads], r[:processes], r[:cpu_share], grouped(r[:requests]),
+        format("advice: %s x %d processes (cpu share %.2f from %s requests%s%s)",
+               Recommender.threads_text(r), r[:processes], r[:cpu_share], grouped(r[:requests]),
                running, stall)
       end
     end
