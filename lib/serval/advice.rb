@@ -14,6 +14,7 @@ require "serval/advice/processes"
 require "serval/advice/database"
 require "serval/advice/capacity"
 require "serval/advice/steadiness"
+require "serval/advice/routes"
 require "serval/advice/recommender"
 
 module Serval

@@ -25,6 +25,9 @@ module Serval
     #                        per request at the ends of its 95 % interval (mean_of: the requests that
     #                        mean rests on, the run histogram's when the samples are calibrated to it;
     #                        nil: precision: false, fewer than 30 samples, histograms only)
+    #   routes               nil, or per route (samples with a `route`), most time first, top 8 + "other":
+    #                        {route:, samples:, share_requests:, share_time:, mean_run:, mean_io:, cpu_share:,
+    #                        wall_p99:, alone:} (alone: the knee if the process served only that route)
     #   amdahl, gvl_ceiling  the articles' two rules, for explanation
     #   pool, database, machine, capacity (with target_rps), measured
     #   reasons, warnings    Arrays of sentences; summary: one line for the log
@@ -123,7 +126,7 @@ module Serval
           amdahl: { io_share: (1 - share).round(4), pick: Amdahl.pick(1 - share),
                     table: Amdahl.table(1 - share, max: sweep.rows.size) },
           gvl_ceiling: GvlCeiling.call(workload.mean_run, workload.mean_io),
-          pool: pool, database: db, machine: procs, measured: measured(sim, sweep),
+          pool: pool, database: db, machine: procs, measured: measured(sim, sweep), routes: routes,
           cpu_steadiness: Steadiness.call(@window.cpu_speed),
           capacity: @target && Capacity.plan(open_sim(workload, sim), target_rps: Float(@target), threads: threads, max_rps: chosen.rps,
                                                   processes: procs[:processes], utilization: @s[:target_utilization],
@@ -224,6 +227,20 @@ module Serval
         end
         { threads: [lo, hi], within: k.round(4), basis: basis, knees: knees.sort,
           cpu_share: [share_lo.round(4), share_hi.round(4)] }
+      end
+
+      # Per route (Routes): the mix the model plays, explained; each top
+      # route's own knee from a shorter sweep of its samples alone.
+      def routes
+        max = [@s[:sweep_max], @window.max_threads || 0].max
+        n = [@s[:sim_requests] / 4, 2000].max
+        Routes.call(@window.samples) do |pairs|
+          w = Workload.new(pairs: pairs, io_waits: @window.io_waits || 1)
+          next nil unless (w.mean_run + w.mean_io).positive?
+
+          sim = Simulation.new(w.profiles(n, Random.new(@s[:seed])), quantum: quantum, handoff: @window.handoff)
+          Sweep.new(sim, max: max, fraction: @s[:knee_fraction]).knee
+        end
       end
 
       # The model for open-loop points: p99 near capacity rests on a few
