@@ -305,10 +305,11 @@ module Serval
         w = @window
         out = { threads: w.max_threads, stall_mean: w.mean(:stall)&.round(6), stall_p95: w.quantile(:stall, 0.95)&.round(6),
                 pool_wait_mean: w.mean(:pool_wait)&.round(6), wall_p50: w.quantile(:wall, 0.5)&.round(6),
-                wall_p99: w.quantile(:wall, 0.99)&.round(6), rate: nil, predicted_stall_mean: nil }
+                wall_p99: w.quantile(:wall, 0.99)&.round(6), rate: nil, loaded_rate: nil, predicted_stall_mean: nil }
         if w.seconds&.positive? && w.max_threads
           rate = w.rate_per_process
           out[:rate] = rate.round(2)
+          out[:loaded_rate] = w.loaded_rate_per_process.round(2)
           if rate < sweep.at(w.max_threads).rps
             out[:predicted_stall_mean] = sim.open(w.max_threads, rate: rate, rng: Random.new(@s[:seed] + 3))
                                             .stall_mean.round(6)

@@ -108,7 +108,8 @@ module Serval
         Svg.line_chart(
           title: "Throughput against threads (one process)", x_label: "threads", y_label: "req/s", x_max: x_max,
           series: [{ name: "predicted max req/s", color: COLORS[:predicted], points: sweep_points(:rps) }],
-          markers: [{ x: m[:threads], y: m[:rate], label: "measured: #{m[:rate]} req/s served at #{m[:threads]}",
+          markers: [{ x: m[:threads], y: m[:loaded_rate] || m[:rate],
+                      label: "measured: #{m[:loaded_rate] || m[:rate]} req/s served at #{m[:threads]} (loaded period)",
                       color: COLORS[:measured] }],
           vlines: marks,
           hlines: ceiling ? [{ y: ceiling, label: format("GVL ceiling 1 / run = %.0f req/s", ceiling), color: COLORS[:ceiling] }] : []
