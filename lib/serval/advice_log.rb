@@ -105,7 +105,7 @@ module Serval
     # processes: cpu share 0.41 -> 0.52" (or the processes' reason).
     def changed(advice)
       was = @last_advice or return ""
-      require "serval/advice/recommender"
+      require "serval/advice/threads_text"
       why = if was[:cpu_share] && (was[:cpu_share] - advice[:cpu_share]).abs >= 0.005
               format("cpu share %.2f -> %.2f", was[:cpu_share], advice[:cpu_share])
             elsif was[:processes] != advice[:processes]
@@ -113,7 +113,7 @@ module Serval
             else
               "the same cpu share: the requests' distribution changed"
             end
-      format("; was %s x %d processes: %s", Advice::Recommender.threads_text(was), was[:processes], why)
+      format("; was %s x %d processes: %s", Advice.threads_text(was), was[:processes], why)
     end
 
     # From the supervising loop: the check on a thread of its own, unless

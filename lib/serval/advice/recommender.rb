@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "serval/advice/threads_text"
+
 module Serval
   module Advice
     # From a Window to a recommendation. #call returns a JSON-able Hash:
@@ -340,12 +342,7 @@ module Serval
                     end
       end
 
-      # "3 threads (2-4)", or "3 threads" when the range is the answer.
-      def self.threads_text(r)
-        lo, hi = r[:threads_range]
-        text = "#{r[:threads]} threads"
-        lo && hi && lo != hi ? "#{text} (#{lo}-#{hi})" : text
-      end
+      def self.threads_text(r) = Advice.threads_text(r)
 
       def grouped(n) = n.to_s.reverse.scan(/\d{1,3}/).join(",").reverse # 12400 -> "12,400"
 

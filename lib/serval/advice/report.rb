@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "serval/advice/threads_text"
 require "cgi"
 require "serval/advice/svg"
 require "serval/advice/table"
@@ -71,7 +72,7 @@ module Serval
           return %(<div class="box"><div class="big">No advice yet</div><p>#{esc(Array(@a[:warnings]).first)}</p></div>)
         end
 
-        %(<div class="box"><div class="big">#{Recommender.threads_text(@a)} x #{@a[:processes]} processes per machine</div>) +
+        %(<div class="box"><div class="big">#{Advice.threads_text(@a)} x #{@a[:processes]} processes per machine</div>) +
           "<p>#{format('predicted max %.1f req/s per process, %.1f per machine', @a[:max_rps_per_process],
                        @a[:max_rps_per_machine].to_f)}; " \
           "#{format('cpu share %.2f', @a[:cpu_share])} from #{Table.grouped(@a[:requests])} requests" \
