@@ -87,3 +87,4 @@ end
 
 require "serval/timing/recorder"
 require "serval/timing/window"
+require "serval/timing/routes"

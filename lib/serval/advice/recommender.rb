@@ -236,7 +236,8 @@ module Serval
       def routes
         max = [@s[:sweep_max], @window.max_threads || 0].max
         n = [@s[:sim_requests] / 4, 2000].max
-        Routes.call(@window.samples) do |pairs|
+        list = @window.route_samples.any? ? @window.route_samples : @window.samples
+        Routes.call(list) do |pairs|
           w = Workload.new(pairs: pairs, io_waits: @window.io_waits || 1)
           next nil unless (w.mean_run + w.mean_io).positive?
 

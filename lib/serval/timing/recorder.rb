@@ -59,6 +59,7 @@ module Serval
       def enable
         Timing.reset_aggregate
         Timing.window_reset
+        Routes.reset
         Native::GVL.enable
         Native::GVL.enabled?
       end
@@ -78,6 +79,7 @@ module Serval
       def finish(request, env)
         timing = request.timing_end
         GVLTrace.note(timing, env) if timing && GVLTrace.recording
+        Routes.note(env, timing) if timing
         timing
       end
 
