@@ -79,7 +79,6 @@ module Serval
       def finish(request, env)
         timing = request.timing_end
         GVLTrace.note(timing, env) if timing && GVLTrace.recording
-        Routes.note(env, timing) if timing
         timing
       end
 
