@@ -44,7 +44,7 @@ class AdviceLogTest < Minitest::Test
     assert_nil log.check, "too little data: no line"
     launcher.window = AdviceWindows.window(1500)
     line = log.check
-    assert_match(/\Aadvice: \d+ threads x \d+ processes \(cpu share 0\.3\d from 1,500 requests; running 3 threads, stall p95 \d+ ms\)\z/,
+    assert_match(/\Aadvice: \d+ threads(?: \(\d+-\d+\))? x \d+ processes \(cpu share 0\.3\d from 1,500 requests; running 3 threads, stall p95 \d+ ms\)\z/,
                  line)
     assert_equal [:info, line], @log.queue.pop
     launcher.window = AdviceWindows.window(1600, seed: 12)
@@ -53,6 +53,9 @@ class AdviceLogTest < Minitest::Test
     changed = log.check
     refute_nil changed
     refute_equal line[/\d+ threads/], changed[/\d+ threads/]
+    was = line[/\d+ threads(?: \(\d+-\d+\))? x \d+ processes/]
+    assert changed.end_with?("; was #{was}: cpu share #{line[/cpu share (0\.\d\d)/, 1]} -> #{changed[/cpu share (0\.\d\d)/, 1]}"),
+           changed
     assert_equal [:info, changed], @log.queue.pop
     assert @log.queue.empty?
   end
@@ -162,7 +165,7 @@ class AdviceLogTest < Minitest::Test
     refute(Thread.list.any? { |t| t.name == "serval-advice" }, "no advice thread before the first check")
     line = nil
     line = lines.pop until line&.start_with?("advice: ")
-    assert_match(/\Aadvice: \d+ threads x \d+ processes \(cpu share 0\.\d\d from 1,200 requests; running 3 threads/, line)
+    assert_match(/\Aadvice: \d+ threads(?: \(\d+-\d+\))? x \d+ processes \(cpu share 0\.\d\d from 1,200 requests; running 3 threads/, line)
     first = checks.pop
     assert_equal "serval-advice", first.name
     refute_equal thread, first, "not on the loop's thread"

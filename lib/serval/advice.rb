@@ -14,6 +14,7 @@ require "serval/advice/processes"
 require "serval/advice/database"
 require "serval/advice/capacity"
 require "serval/advice/steadiness"
+require "serval/advice/routes"
 require "serval/advice/recommender"
 
 module Serval
@@ -26,7 +27,7 @@ module Serval
   module Advice
     # Every limit the advice uses, in one place.
     DEFAULTS = {
-      min_requests: 1000,       # fewer measured requests: no numbers, say how many are needed
+      min_requests: 300,        # fewer measured requests: no numbers, say how many are needed
       knee_fraction: 0.95,      # the knee: fewest threads reaching this share of the sweep's best req/s
       sweep_max: 16,            # thread counts simulated: 1..sweep_max
       sim_requests: 20_000,     # requests simulated per point
@@ -36,6 +37,7 @@ module Serval
       memory_headroom: 0.2,     # share of the memory budget left free
       target_utilization: 0.8,  # capacity plans run each process at this share of its max req/s
       load_points: [0.5, 0.8],  # open-loop p50/p99 predicted at these shares of max req/s
+      range: true,              # threads_range: the knee at the ends of the run/io ratio's 95 % interval
       precision: true           # also max req/s and p99 at the top load point for the window's sampling error
     }.freeze
 

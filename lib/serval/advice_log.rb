@@ -9,8 +9,11 @@ module Serval
   # requests; the one process in single mode) reads the launcher's
   # measurement window, computes the advice (Serval::Advice) and logs
   #
-  #   advice: 3 threads x 2 processes (cpu share 0.41 from 12,400 requests; running 5 threads, stall p95 38 ms)
+  #   advice: 3 threads (2-4) x 2 processes (cpu share 0.41 from 12,400 requests; running 5 threads, stall p95 38 ms)
   #
+  # (the range: Recommender#threads_range; a later line that changes the
+  # answer ends with what it was and why: "; was 3 threads (2-4) x 2
+  # processes: cpu share 0.41 -> 0.52").
   # when advice first becomes available and whenever the decision (threads
   # or processes) changes. The check simulates fewer requests than
   # `servalctl advise` (CHECK_SETTINGS): about 0.4 s of CPU, spent in a
@@ -72,8 +75,9 @@ module Serval
       decision = autos ? [:auto, advice[:processes]] : advice.values_at(:threads, :processes)
       return nil if decision == @last
 
+      line = autos ? auto_line(advice, autos) : advice[:summary] + changed(advice)
       @last = decision
-      line = autos ? auto_line(advice, autos) : advice[:summary]
+      @last_advice = advice
       @log_writer.info(line)
       line
     rescue StandardError => e
@@ -121,6 +125,21 @@ module Serval
              advice[:processes], advice[:processes] == 1 ? "" : "es", running,
              model.any? ? "its model: #{model.join(', ')}; " : "", advice[:cpu_share].to_f,
              advice[:requests].to_s.reverse.scan(/\d{1,3}/).join(",").reverse)
+    end
+
+    # Why the answer moved, when it did: "; was 3 threads (2-4) x 2
+    # processes: cpu share 0.41 -> 0.52" (or the processes' reason).
+    def changed(advice)
+      was = @last_advice or return ""
+      require "serval/advice/threads_text"
+      why = if was[:cpu_share] && (was[:cpu_share] - advice[:cpu_share]).abs >= 0.005
+              format("cpu share %.2f -> %.2f", was[:cpu_share], advice[:cpu_share])
+            elsif was[:processes] != advice[:processes]
+              "the machine's CPUs or memory changed"
+            else
+              "the same cpu share: the requests' distribution changed"
+            end
+      format("; was %s x %d processes: %s", Advice.threads_text(was), was[:processes], why)
     end
 
     # From the supervising loop: the check on a thread of its own, unless

@@ -69,6 +69,7 @@ module Serval
       timing = request.finish
       finished = true
       GVLTrace.note(timing, env) if timing && GVLTrace.recording
+      Timing::Routes.note(env, timing) if timing # sampled requests only: the advice's per-route view
       log_access(env, status, started, timing) if @log_requests
       callbacks = request.callbacks
       run_callbacks(env, status, headers, error, *callbacks) if callbacks

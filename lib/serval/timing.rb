@@ -42,6 +42,30 @@ module Serval
       waited ? format("%s pool_wait=%.2f", fields, waited * 1e3) : fields
     end
 
+    # A request's route for per-route figures, bounded in length (ROUTE_MAX):
+    # Rails' route pattern ("/posts/:id(.:format)") when the router set it,
+    # else "Controller#action", else the path without its query and with
+    # ids collapsed: numbers, UUIDs and long hex or base64-ish tokens become
+    # ":id" ("/posts/42/comments/7" -> "/posts/:id/comments/:id").
+    ROUTE_MAX = 120
+    ID_SEGMENT = %r{\A(?:\d+|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{16,}|
+                     (?=[A-Za-z0-9_-]*\d)[A-Za-z0-9_-]{20,})(?:\.\w{1,8})?\z}xi
+
+    def self.route_key(env)
+      method = env["REQUEST_METHOD"].to_s
+      pattern = env["action_dispatch.route_uri_pattern"]
+      return "#{method} #{pattern}"[0, ROUTE_MAX] if pattern.is_a?(String) && !pattern.empty?
+
+      params = env["action_dispatch.request.path_parameters"]
+      if params.is_a?(Hash) && params[:controller] && params[:action]
+        return "#{method} #{params[:controller]}##{params[:action]}"[0, ROUTE_MAX]
+      end
+
+      path = "#{env['SCRIPT_NAME']}#{env['PATH_INFO']}"
+      path = path.split("/", -1).map { |seg| ID_SEGMENT.match?(seg) ? ":id" : seg }.join("/")
+      "#{method} #{path.empty? ? '/' : path}"[0, ROUTE_MAX]
+    end
+
     # X-Request-Start / X-Queue-Start as proxies send them: "t=" or not, in
     # seconds (with or without a fraction), milliseconds, microseconds or
     # nanoseconds since the epoch, told apart by magnitude (parsed in C).
@@ -63,3 +87,4 @@ end
 
 require "serval/timing/recorder"
 require "serval/timing/window"
+require "serval/timing/routes"

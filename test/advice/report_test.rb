@@ -33,7 +33,7 @@ class AdviceReportTest < Minitest::Test
     assert_equal 5, html.scan("<svg").size, "throughput, latency, mean split, distribution, connections"
     refute_match(/<script|<link|<img|<iframe|@import|url\(|\bsrc=|\bhref=/i, html)
     assert_equal ["http://www.w3.org/2000/svg"], html.scan(%r{https?://[^"' ]+}).uniq, "only the SVG namespace"
-    assert_includes html, "#{a['threads']} threads x #{a['processes']} processes per machine"
+    assert_includes html, "#{Serval::Advice::Recommender.threads_text(a.transform_keys(&:to_sym))} x #{a['processes']} processes per machine"
     assert_includes html, "Throughput against threads"
     assert_includes html, "Database connections - the pool binds"
     assert_includes html, CGI.escapeHTML(a["warnings"].first)
@@ -63,7 +63,7 @@ class AdviceReportTest < Minitest::Test
     win = AdviceWindows.window(30)
     html = R.new(advice(win), window: nil).html
     assert_includes html, "No advice yet"
-    assert_includes html, "30 requests measured, need 1000"
+    assert_includes html, "30 requests measured, need 300"
     refute_includes html, "<svg"
   end
 

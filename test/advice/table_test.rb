@@ -32,7 +32,7 @@ class AdviceTableTest < Minitest::Test
     assert_equal 1, advised.size
     assert_equal a[:threads].to_s, advised.first.split.first
     assert_equal "3", rows.grep(/running/).first.split.first, "the window ran 3 threads"
-    assert_includes text, "Advice: #{a[:threads]} threads x 2 processes per machine"
+    assert_includes text, "Advice: #{Serval::Advice::Recommender.threads_text(a)} x 2 processes per machine"
     assert_includes text, format("predicted max %.1f req/s per process", a[:max_rps_per_process])
     assert_includes text, "cpu share #{format('%.2f', a[:cpu_share])} from 1,500 requests (running 3 threads)"
     assert_match(/^  for 300 req\/s: \d+ machines x 2 processes x #{a[:threads]} threads/, text)
@@ -57,6 +57,6 @@ class AdviceTableTest < Minitest::Test
 
   def test_too_little_data
     text = T.render(advice(40))
-    assert_equal "No advice yet: 40 requests measured, need 1000\n\nWarnings:\n  - 40 requests measured, need 1000\n", text
+    assert_equal "No advice yet: 40 requests measured, need 300\n\nWarnings:\n  - 40 requests measured, need 300\n", text
   end
 end

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "serval/advice/threads_text"
+
 module Serval
   module Advice
     # From a Window to a recommendation. #call returns a JSON-able Hash:
@@ -13,6 +15,10 @@ module Serval
     #   max_rps_per_process  predicted closed-loop req/s at `threads`
     #   max_rps_per_machine  x processes
     #   knee                 the knee before the pool cap / stall limit
+    #   threads_range        [fewest, most]: the threads advised at the ends of the 95 % interval of the
+    #                        requests' run / io ratio (its sampling error: Workload#ratio_within), always
+    #                        holding `threads`; it narrows as requests accumulate (nil: range: false, or
+    #                        under 30 paired samples) - range: {within:, basis:, knees:}
     #   stall                predicted mean and p95 GVL stall per request at `threads`, saturated
     #   sweep                one row per thread count: rps, gain, stall, wall p50/p99
     #   load                 open-loop latency at DEFAULTS[:load_points] of max req/s
@@ -21,6 +27,9 @@ module Serval
     #                        per request at the ends of its 95 % interval (mean_of: the requests that
     #                        mean rests on, the run histogram's when the samples are calibrated to it;
     #                        nil: precision: false, fewer than 30 samples, histograms only)
+    #   routes               nil, or per route (samples with a `route`), most time first, top 8 + "other":
+    #                        {route:, samples:, share_requests:, share_time:, mean_run:, mean_io:, cpu_share:,
+    #                        wall_p99:, alone:} (alone: the knee if the process served only that route)
     #   amdahl, gvl_ceiling  the articles' two rules, for explanation
     #   pool, database, machine, capacity (with target_rps), measured
     #   reasons, warnings    Arrays of sentences; summary: one line for the log
@@ -102,8 +111,10 @@ module Serval
         db = Database.call(threads: threads, processes: procs[:processes], **@fleet)
         @warnings.concat(db.delete(:warnings))
         share = workload.cpu_share
+        range = threads_range(workload, sim, threads, pool)
         result = base.merge(
-          enough_data: true, threads: threads, processes: procs[:processes], cpu_share: share.round(4),
+          enough_data: true, threads: threads, threads_range: range && range[:threads],
+          range: range && range.except(:threads), processes: procs[:processes], cpu_share: share.round(4),
           max_rps_per_process: chosen.rps.round(2), max_rps_per_machine: (chosen.rps * procs[:processes]).round(2),
           knee: knee, stall: { mean: chosen.stall_mean.round(6), p95: chosen.stall_p95.round(6) },
           workload: { mean_run: workload.mean_run.round(6), mean_io: workload.mean_io.round(6),
@@ -117,7 +128,7 @@ module Serval
           amdahl: { io_share: (1 - share).round(4), pick: Amdahl.pick(1 - share),
                     table: Amdahl.table(1 - share, max: sweep.rows.size) },
           gvl_ceiling: GvlCeiling.call(workload.mean_run, workload.mean_io),
-          pool: pool, database: db, machine: procs, measured: measured(sim, sweep),
+          pool: pool, database: db, machine: procs, measured: measured(sim, sweep), routes: routes,
           cpu_steadiness: Steadiness.call(@window.cpu_speed),
           capacity: @target && Capacity.plan(open_sim(workload, sim), target_rps: Float(@target), threads: threads, max_rps: chosen.rps,
                                                   processes: procs[:processes], utilization: @s[:target_utilization],
@@ -193,6 +204,48 @@ module Serval
         [info, threads]
       end
 
+      # The answer's sampling error: the run / io ratio's 95 % interval
+      # (Workload#ratio_within) played as every CPU segment that much longer
+      # (fewer threads) and shorter (more), each swept like the answer
+      # itself, capped by the same pool. The answer stays the middle
+      # estimate; the range says how far the window's own data leaves it.
+      def threads_range(workload, sim, threads, pool)
+        return nil unless @s[:range]
+
+        run_key = @window.samples.any? { |s| s[:run] } ? :run : :cpu
+        idle_key = @window.samples.any? { |s| s[:idle] } ? :idle : :wall
+        basis = [@window.mean_basis(run_key), @window.mean_basis(idle_key)].min
+        k = workload.ratio_within(basis: basis) or return nil
+
+        max = [@s[:sweep_max], @window.max_threads || 0].max
+        knees = [1 + k, 1 - k].map { |f| Sweep.new(sim.scaled(f), max: max, fraction: @s[:knee_fraction]).knee }
+        knees = knees.map { |t| [t, pool[:size]].min } if pool&.dig(:binds) || (pool && knees.max > pool[:size])
+        lo = [knees.min, threads].min
+        hi = [knees.max, threads].max
+        share_lo, share_hi = [1 - k, 1 + k].map { |f| (r = f * workload.mean_run) / (r + workload.mean_io) }
+        if lo != hi
+          @reasons << format("from %s requests the run / io ratio is known to +-%.1f %% (95 %%): cpu share %.2f-%.2f, " \
+                             "%d-%d threads", grouped(basis), 100 * k, share_lo, share_hi, lo, hi)
+        end
+        { threads: [lo, hi], within: k.round(4), basis: basis, knees: knees.sort,
+          cpu_share: [share_lo.round(4), share_hi.round(4)] }
+      end
+
+      # Per route (Routes): the mix the model plays, explained; each top
+      # route's own knee from a shorter sweep of its samples alone.
+      def routes
+        max = [@s[:sweep_max], @window.max_threads || 0].max
+        n = [@s[:sim_requests] / 4, 2000].max
+        list = @window.route_samples.any? ? @window.route_samples : @window.samples
+        Routes.call(list) do |pairs|
+          w = Workload.new(pairs: pairs, io_waits: @window.io_waits || 1)
+          next nil unless (w.mean_run + w.mean_io).positive?
+
+          sim = Simulation.new(w.profiles(n, Random.new(@s[:seed])), quantum: quantum, handoff: @window.handoff)
+          Sweep.new(sim, max: max, fraction: @s[:knee_fraction]).knee
+        end
+      end
+
       # The model for open-loop points: p99 near capacity rests on a few
       # long busy periods, so it plays `load_requests` requests (the sweep's
       # first `sim_requests` and more from the same draw). On a 70 % CPU
@@ -255,10 +308,11 @@ module Serval
         w = @window
         out = { threads: w.max_threads, stall_mean: w.mean(:stall)&.round(6), stall_p95: w.quantile(:stall, 0.95)&.round(6),
                 pool_wait_mean: w.mean(:pool_wait)&.round(6), wall_p50: w.quantile(:wall, 0.5)&.round(6),
-                wall_p99: w.quantile(:wall, 0.99)&.round(6), rate: nil, predicted_stall_mean: nil }
+                wall_p99: w.quantile(:wall, 0.99)&.round(6), rate: nil, loaded_rate: nil, predicted_stall_mean: nil }
         if w.seconds&.positive? && w.max_threads
           rate = w.rate_per_process
           out[:rate] = rate.round(2)
+          out[:loaded_rate] = w.loaded_rate_per_process.round(2)
           if rate < sweep.at(w.max_threads).rps
             out[:predicted_stall_mean] = sim.open(w.max_threads, rate: rate, rng: Random.new(@s[:seed] + 3))
                                             .stall_mean.round(6)
@@ -289,13 +343,15 @@ module Serval
                     end
       end
 
+      def self.threads_text(r) = Advice.threads_text(r)
+
       def grouped(n) = n.to_s.reverse.scan(/\d{1,3}/).join(",").reverse # 12400 -> "12,400"
 
       def summary(r)
         running = r[:running_threads] ? "; running #{r[:running_threads]} threads" : ""
         stall = r[:measured][:stall_p95] ? format(", stall p95 %.0f ms", r[:measured][:stall_p95] * 1e3) : ""
-        format("advice: %d threads x %d processes (cpu share %.2f from %s requests%s%s)",
-               r[:threads], r[:processes], r[:cpu_share], grouped(r[:requests]),
+        format("advice: %s x %d processes (cpu share %.2f from %s requests%s%s)",
+               Recommender.threads_text(r), r[:processes], r[:cpu_share], grouped(r[:requests]),
                running, stall)
       end
     end

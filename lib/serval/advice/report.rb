@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "serval/advice/threads_text"
 require "cgi"
 require "serval/advice/svg"
 require "serval/advice/table"
@@ -40,6 +41,7 @@ module Serval
           <body><h1>#{esc(@title)}</h1>
           #{headline}
           <div class="charts">#{charts.join("\n")}</div>
+          #{routes_table}
           #{sweep_table}
           #{list('Why', @a[:reasons])}
           #{list('Warnings', @a[:warnings], 'warn')}
@@ -70,7 +72,7 @@ module Serval
           return %(<div class="box"><div class="big">No advice yet</div><p>#{esc(Array(@a[:warnings]).first)}</p></div>)
         end
 
-        %(<div class="box"><div class="big">#{@a[:threads]} threads x #{@a[:processes]} processes per machine</div>) +
+        %(<div class="box"><div class="big">#{Advice.threads_text(@a)} x #{@a[:processes]} processes per machine</div>) +
           "<p>#{format('predicted max %.1f req/s per process, %.1f per machine', @a[:max_rps_per_process],
                        @a[:max_rps_per_machine].to_f)}; " \
           "#{format('cpu share %.2f', @a[:cpu_share])} from #{Table.grouped(@a[:requests])} requests" \
@@ -86,6 +88,7 @@ module Serval
         end
         out << mean_split if @a[:enough_data] && @a[:workload]
         out << distribution if @window&.samples&.any? || @window&.histograms&.any?
+        out << route_split if @a[:enough_data] && @a[:routes]&.any?
         out << connections if @a[:enough_data] && @a[:database]
         out.compact
       end
@@ -108,7 +111,8 @@ module Serval
         Svg.line_chart(
           title: "Throughput against threads (one process)", x_label: "threads", y_label: "req/s", x_max: x_max,
           series: [{ name: "predicted max req/s", color: COLORS[:predicted], points: sweep_points(:rps) }],
-          markers: [{ x: m[:threads], y: m[:rate], label: "measured: #{m[:rate]} req/s served at #{m[:threads]}",
+          markers: [{ x: m[:threads], y: m[:loaded_rate] || m[:rate],
+                      label: "measured: #{m[:loaded_rate] || m[:rate]} req/s served at #{m[:threads]} (loaded period)",
                       color: COLORS[:measured] }],
           vlines: marks,
           hlines: ceiling ? [{ y: ceiling, label: format("GVL ceiling 1 / run = %.0f req/s", ceiling), color: COLORS[:ceiling] }] : []
@@ -187,6 +191,33 @@ module Serval
                       x_label: d[:fits] == false ? "the fleet does not fit max_connections" : "advised",
                       y_label: "connections", categories: keep.map { |i| cats[i] },
                       series: [{ name: "connections", color: COLORS[:predicted], values: keep.map { |i| vals[i] } }])
+      end
+
+      ROUTE_COLORS = %w[#1f6fb5 #c0392b #6aa84f #e67e22 #8e44ad #16a085 #b7950b #7f8c8d #34495e].freeze
+
+      # Where the process's time goes, route by route (Routes).
+      def route_split
+        parts = @a[:routes].each_with_index.map do |r, i|
+          { name: r[:route], value: 100.0 * r[:share_time], color: ROUTE_COLORS[i % ROUTE_COLORS.size],
+            text: "#{(100 * r[:share_time]).round} %" }
+        end
+        Svg.stacked_bar(title: "Time by route (run + I/O + stall, sampled requests)", parts: parts, unit: "%")
+      end
+
+      def routes_table
+        rows = Array(@a[:routes])
+        return "" unless @a[:enough_data] && rows.any?
+
+        body = rows.map do |r|
+          "<tr><td style=\"text-align:left\">#{esc(r[:route])}</td><td>#{r[:samples]}</td>" \
+            "<td>#{(100 * r[:share_requests]).round(1)} %</td><td>#{(100 * r[:share_time]).round(1)} %</td>" \
+            "<td>#{ms(r[:mean_run])}</td><td>#{ms(r[:mean_io])}</td><td>#{format('%.2f', r[:cpu_share])}</td>" \
+            "<td>#{ms(r[:wall_p99])}</td><td>#{r[:alone] || '-'}</td></tr>"
+        end
+        "<h2>Routes, most time first</h2><table><tr><th style=\"text-align:left\">route</th><th>sampled</th>" \
+          "<th>requests</th><th>time</th><th>run mean</th><th>I/O mean</th><th>cpu share</th><th>p99</th>" \
+          "<th>threads alone</th></tr>#{body.join}</table><p class=\"note\">The advice plays the routes in this " \
+          "mix; <em>threads alone</em> is the knee if the process served that route only.</p>"
       end
 
       def sweep_table

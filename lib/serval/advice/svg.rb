@@ -40,7 +40,8 @@ module Serval
         y_top, y_step = ticks((ys.compact.max || 1) * 1.05)
         px = ->(x) { PAD[:left] + ((W - PAD[:left] - PAD[:right]) * (x - 1).to_f / [x_top - 1, 1].max) }
         py = ->(y) { H - PAD[:bottom] - ((H - PAD[:top] - PAD[:bottom]) * y.to_f / y_top) }
-        out = frame(title, x_label, y_label)
+        items = series.map { |s| [s[:name], s[:color]] } + markers.select { |m| m[:x] && m[:y] }.map { |m| [m[:label], m[:color]] }
+        out = frame(title, x_label, y_label, legend_lines: legend_rows(items).size)
         out << y_grid(y_top, y_step, py)
         x_step = x_top > 10 ? 2 : 1
         (1..x_top).step(x_step) do |x|
@@ -52,11 +53,15 @@ module Serval
                  %(stroke-width="1.5" stroke-dasharray="4 3"/><text x="#{x + 3}" y="#{PAD[:top] + 12 + (14 * i)}" ) +
                  %(class="note" fill="#{v[:color]}">#{esc(v[:label])}</text>)
         end
+        drawn = series.flat_map { |s| s[:points].reject { |_, y| y.nil? }.map { |x, y| [px.call(x), py.call(y)] } }
+        taken = vlines.each_with_index.map { |v, i| box(px.call(v[:x]) + 3, PAD[:top] + 12 + (14 * i), v[:label]) }
         hlines.each do |h|
           y = py.call(h[:y]).round(1)
           out << %(<line x1="#{PAD[:left]}" y1="#{y}" x2="#{W - PAD[:right]}" y2="#{y}" stroke="#{h[:color]}" ) +
-                 %(stroke-dasharray="2 3"/><text x="#{W - PAD[:right] - 4}" y="#{y - 4}" text-anchor="end" ) +
-                 %(class="note" fill="#{h[:color]}">#{esc(h[:label])}</text>)
+                 %(stroke-dasharray="2 3"/>)
+          lx, ly, anchor = hline_label_at(y, h[:label], drawn, taken)
+          taken << box(anchor == "end" ? lx - text_width(h[:label]) : lx, ly, h[:label])
+          out << %(<text x="#{lx}" y="#{ly}" text-anchor="#{anchor}" class="note" fill="#{h[:color]}">#{esc(h[:label])}</text>)
         end
         series.each do |s|
           pts = s[:points].reject { |_, y| y.nil? }.map { |x, y| "#{px.call(x).round(1)},#{py.call(y).round(1)}" }
@@ -73,7 +78,7 @@ module Serval
           cy = py.call(m[:y]).round(1)
           out << %(<rect x="#{cx - 6}" y="#{cy - 6}" width="12" height="12" fill="#{m[:color]}" stroke="#222"/>)
         end
-        out << legend(series.map { |s| [s[:name], s[:color]] } + markers.select { |m| m[:x] && m[:y] }.map { |m| [m[:label], m[:color]] })
+        out << legend(items)
         out << "</svg>"
       end
 
@@ -81,13 +86,14 @@ module Serval
       def bar_chart(title:, x_label:, y_label:, categories:, series:)
         y_top, y_step = ticks((series.flat_map { |s| s[:values] }.max || 1) * 1.05)
         py = ->(y) { H - PAD[:bottom] - ((H - PAD[:top] - PAD[:bottom]) * y.to_f / y_top) }
-        out = frame(title, x_label, y_label)
+        items = series.map { |s| [s[:name], s[:color]] }
+        out = frame(title, x_label, y_label, legend_lines: legend_rows(items).size)
         out << y_grid(y_top, y_step, py)
         slot = (W - PAD[:left] - PAD[:right]).to_f / categories.size
         bar = (slot - 6) / [series.size, 1].max
         categories.each_with_index do |c, i|
           x0 = PAD[:left] + (slot * i) + 3
-          out << %(<text x="#{(x0 + (slot / 2) - 3).round(1)}" y="#{H - PAD[:bottom] + 16}" text-anchor="middle" class="tick">#{esc(c)}</text>)
+          out << category_label(c, (x0 + (slot / 2) - 3).round(1), H - PAD[:bottom] + 16, slot - 4)
           series.each_with_index do |s, j|
             v = s[:values][i].to_f
             next unless v.positive?
@@ -98,14 +104,15 @@ module Serval
                    %(#{label(v)}</title></rect>)
           end
         end
-        out << legend(series.map { |s| [s[:name], s[:color]] })
+        out << legend(items)
         out << "</svg>"
       end
 
       # One horizontal bar split in parts: [{name:, value:, color:}].
       def stacked_bar(title:, parts:, unit:)
         total = parts.sum { |p| p[:value].to_f }
-        h = 110
+        items = parts.map { |p| ["#{p[:name]} #{p[:text] || "#{label(p[:value].to_f)} #{unit}"}", p[:color]] }
+        h = 110 + (14 * (legend_rows(items).size - 1))
         out = +%(<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 #{W} #{h}" width="#{W}" height="#{h}" role="img">)
         out << %(<title>#{esc(title)}</title><text x="#{W / 2}" y="18" text-anchor="middle" class="title">#{esc(title)}</text>)
         x = PAD[:left].to_f
@@ -120,12 +127,70 @@ module Serval
           out << %(<text x="#{(x + (w / 2)).round(1)}" y="54" text-anchor="middle" class="inbar">#{(100 * v / total).round} %</text>) if w > 34
           x += w
         end
-        out << legend(parts.map { |p| ["#{p[:name]} #{label(p[:value].to_f)} #{unit}", p[:color]] }, y: 88)
+        out << legend(items, y: 88)
         out << "</svg>"
       end
 
-      def frame(title, x_label, y_label)
-        out = +%(<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 #{W} #{H + 22}" width="#{W}" height="#{H + 22}" role="img">)
+      # Label geometry, for placing labels clear of each other and of the
+      # lines (11 px text: about 6.2 px a character).
+      CHAR = 6.2
+      def text_width(text) = text.to_s.size * CHAR
+
+      # [x0, y0, x1, y1] of a label whose baseline starts at x, y.
+      def box(x, y, text) = [x, y - 10, x + text_width(text), y + 2]
+
+      def overlaps?(a, b) = a[0] < b[2] && b[0] < a[2] && a[1] < b[3] && b[1] < a[3]
+
+      # Where an horizontal line's label goes: right or left end, above or
+      # below the line, the first spot clear of the drawn points (and the
+      # segments between them) and of the labels already placed.
+      def hline_label_at(y, text, points, taken)
+        w = text_width(text)
+        spots = [[W - PAD[:right] - 4, y - 4, "end"], [W - PAD[:right] - 4, y + 13, "end"],
+                 [PAD[:left] + 4, y + 13, "start"], [PAD[:left] + 4, y - 4, "start"]]
+        segs = points.each_cons(2).flat_map { |(x0, y0), (x1, y1)| (0..4).map { |k| [x0 + ((x1 - x0) * k / 4.0), y0 + ((y1 - y0) * k / 4.0)] } }
+        dots = points + segs
+        spots.min_by do |x, yy, anchor|
+          b = box(anchor == "end" ? x - w : x, yy, text)
+          b = [b[0] - 3, b[1] - 3, b[2] + 3, b[3] + 3]
+          hits = dots.count { |px, py| px.between?(b[0], b[2]) && py.between?(b[1], b[3]) }
+          hits + (100 * taken.count { |t| overlaps?(t, b) })
+        end
+      end
+
+      # A category under its bars, on two lines (split at the space nearest
+      # its middle) when one is wider than its slot.
+      def category_label(text, x, y, room)
+        text = text.to_s
+        cut = text.size / 2
+        at = text.each_char.with_index.select { |ch, _| ch == " " }.map(&:last).min_by { |i| (i - cut).abs }
+        if text_width(text) <= room || at.nil?
+          return %(<text x="#{x}" y="#{y}" text-anchor="middle" class="tick">#{esc(text)}</text>)
+        end
+
+        %(<text x="#{x}" y="#{y}" text-anchor="middle" class="tick"><tspan x="#{x}">#{esc(text[0...at])}</tspan>) +
+          %(<tspan x="#{x}" dy="12">#{esc(text[(at + 1)..])}</tspan></text>)
+      end
+
+      # Legend rows: items wrapped to the chart's width.
+      def legend_rows(items)
+        rows = [[]]
+        x = PAD[:left]
+        items.each do |name, color|
+          step = 22 + text_width(name)
+          if x + step - 8 > W - 4 && rows.last.any?
+            rows << []
+            x = PAD[:left]
+          end
+          rows.last << [name, color, x]
+          x += step
+        end
+        rows
+      end
+
+      def frame(title, x_label, y_label, legend_lines: 1)
+        h = H + 22 + (14 * (legend_lines - 1))
+        out = +%(<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 #{W} #{h}" width="#{W}" height="#{h}" role="img">)
         out << %(<title>#{esc(title)}</title><text x="#{W / 2}" y="18" text-anchor="middle" class="title">#{esc(title)}</text>)
         out << %(<line x1="#{PAD[:left]}" y1="#{H - PAD[:bottom]}" x2="#{W - PAD[:right]}" y2="#{H - PAD[:bottom]}" stroke="#444"/>)
         out << %(<line x1="#{PAD[:left]}" y1="#{PAD[:top]}" x2="#{PAD[:left]}" y2="#{H - PAD[:bottom]}" stroke="#444"/>)
@@ -146,11 +211,12 @@ module Serval
       end
 
       def legend(items, y: H + 12)
-        x = PAD[:left]
-        items.map do |name, color|
-          s = %(<rect x="#{x}" y="#{y - 9}" width="10" height="10" fill="#{color}"/><text x="#{x + 14}" y="#{y}" class="legend">#{esc(name)}</text>)
-          x += 22 + (name.to_s.size * 6.2)
-          s
+        legend_rows(items).each_with_index.flat_map do |row, r|
+          yy = y + (14 * r)
+          row.map do |name, color, x|
+            %(<rect x="#{x.round(1)}" y="#{yy - 9}" width="10" height="10" fill="#{color}"/>) +
+              %(<text x="#{(x + 14).round(1)}" y="#{yy}" class="legend">#{esc(name)}</text>)
+          end
         end.join
       end
     end

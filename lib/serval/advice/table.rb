@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "serval/advice/threads_text"
 require "serval/keys"
 
 module Serval
@@ -41,7 +42,7 @@ module Serval
       def recommendation(a)
         return ["No advice yet: #{Array(a[:warnings]).first}"] unless a[:enough_data]
 
-        out = [format("Advice: %d threads x %d processes per machine", a[:threads], a[:processes]),
+        out = [format("Advice: %s x %d processes per machine", Advice.threads_text(a), a[:processes]),
                format("  predicted max %.1f req/s per process, %.1f per machine", a[:max_rps_per_process],
                       a[:max_rps_per_machine] || a[:max_rps_per_process] * a[:processes]),
                format("  cpu share %.2f from %s requests%s", a[:cpu_share], grouped(a[:requests]),

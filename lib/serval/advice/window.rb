@@ -28,6 +28,10 @@ module Serval
     #     idle_send_wait: 0.1,      # optional: GVL waits after preempted sends, the remote's, per second of idle
     #     idle_send_hidden: 0.05,   # optional: the remote's time hidden in GVL waits (HiddenRemote) less the
     #                               # waits the link filed past the answer, per second of idle (may be < 0)
+    #     route_samples: [{route:, run:, idle:, stall:, wall:}], # optional: sampled requests with their
+    #                               # route (Timing::Routes), for the per-route view (Advice::Routes)
+    #     loaded:      {requests: 9_000, seconds: 30.0}, # optional: the busy part of the window (its 10 s
+    #                               # steps at half the busiest one's rate or more; Timing::Window#loaded)
     #     db_pools:    [{name: "primary", size: 5, ...}],  # optional, as in Server#stats
     #
     #     # Per-request figures, either paired records (preferred: keeps a
@@ -65,6 +69,7 @@ module Serval
     class Window
       FIGURES = %i[run idle stall pool_wait queue wall cpu wait].freeze
 
+      attr_reader :route_samples
       attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms, :processes,
                   :handoff, :timeslice, :cpu_speed, :outside_cpu, :gvl_between, :idle_cpu_wait,
                   :idle_send_wait, :idle_send_hidden
@@ -96,6 +101,8 @@ module Serval
         raise ArgumentError, "idle_send_wait must be in [0, 10]" if @idle_send_wait && !(@idle_send_wait >= 0 && @idle_send_wait <= 10)
         @idle_send_hidden = h[:idle_send_hidden] && Float(h[:idle_send_hidden]) # remote's time hidden in GVL waits
         raise ArgumentError, "idle_send_hidden must be in [-1, 10]" if @idle_send_hidden && !(@idle_send_hidden >= -1 && @idle_send_hidden <= 10)
+        @loaded = loaded_of(h[:loaded])
+        @route_samples = Array(h[:route_samples]).select { |r| r.is_a?(Hash) && r[:route] && r[:run] && r[:idle] }
         @pools = Array(h[:db_pools]).map { |p| { name: p[:name].to_s, size: Integer(p[:size]) } }
         @samples = samples_of(h)
         @histograms = (h[:histograms] || {}).slice(*FIGURES).compact
@@ -108,6 +115,16 @@ module Serval
       # window sums its workers); nil without the window's length.
       def rate_per_process
         @seconds&.positive? ? @requests / @seconds / @processes : nil
+      end
+
+      # The rate while the server was busy (the window's `loaded`: its 10 s
+      # steps at half the busiest one's rate or more), per process; else
+      # rate_per_process.
+      def loaded_rate_per_process
+        l = @loaded
+        return rate_per_process unless l && l[:seconds].to_f.positive?
+
+        l[:requests].to_f / Float(l[:seconds]) / @processes
       end
 
       # How many measured requests the figures rest on.
@@ -218,6 +235,16 @@ module Serval
 
         k = Float(h[:sum]) / n / ours
         CALIBRATION_RANGE.cover?(k) ? [k, n] : nil
+      end
+
+      def loaded_of(l)
+        return nil if l.nil?
+        raise ArgumentError, "loaded is {requests:, seconds:}" unless l.is_a?(Hash)
+
+        out = { requests: Integer(l[:requests]), seconds: Float(l[:seconds]) }
+        raise ArgumentError, "loaded requests and seconds must be >= 0" if out[:requests].negative? || !(out[:seconds] >= 0)
+
+        out
       end
 
       def speeds_of(list)

@@ -104,6 +104,25 @@ module Serval
         total.positive? ? mean_run / total : 1.0
       end
 
+      # How well the requests' run / io ratio is known from `basis` requests
+      # (the pairs' count unless more requests back the means): the relative
+      # half-width of its 95 % interval by the delta method on the paired
+      # means (var(R) ~ (var run - 2R cov + R^2 var io) / n / mean_io^2,
+      # the pairs' correlation kept: a request with a long query often
+      # renders long too), capped at 0.5. nil without pairs, with fewer than
+      # 30, or no io. Cheap (one pass), so the advice can afford it at every
+      # check; a 2,000-draw bootstrap agrees to within a tenth of it
+      # (test/advice/range_test.rb).
+      def ratio_within(basis: nil)
+        return nil unless @pairs && @pairs.size >= 30 && mean_io.positive? && mean_run.positive?
+
+        n = @pairs.size
+        r = mean_run / mean_io
+        var = @pairs.sum { |run, io| ((run - mean_run) - (r * (io - mean_io)))**2 } / (n - 1)
+        m = [basis.to_i, n].max
+        [1.96 * Math.sqrt(var / m) / mean_io / r, 0.5].min
+      end
+
       # n request profiles, reproducible for a given rng.
       def profiles(n, rng)
         Array.new(n) do

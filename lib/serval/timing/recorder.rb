@@ -59,6 +59,7 @@ module Serval
       def enable
         Timing.reset_aggregate
         Timing.window_reset
+        Routes.reset
         Native::GVL.enable
         Native::GVL.enabled?
       end

@@ -13,6 +13,8 @@ module Serval
     #   { requests:, seconds:, max_threads:, gvl_split:, ruby:, io_waits:, gvl_handoff:, gvl_handoffs:,
     #     db_pools:, cpu_speed: [0.98, 1.0, 0.61, ...], outside_cpu: 0.07, gvl_between: 0.03, idle_cpu_wait: 0.3,
     #     samples: [{queue:, run:, idle:, stall:, pool_wait:, wall:, shape:}],
+    #     route_samples: [{route:, run:, idle:, stall:, wall:}] (Timing::Routes; only with requests),
+    #     loaded: {requests:, seconds:} (#loaded),
     #     sampled_from:, histograms: {queue: {bounds:, counts:, sum:}, ...} }
     #
     # Reading costs the reader, never a request. Samples are drawn at one
@@ -61,6 +63,11 @@ module Serval
                    ruby: RUBY_VERSION, samples: samples.map { |s| sample(s, gvl_split) }, sampled_from: sampled_from,
                    histograms: histograms(bounds, counts, sums) }
         window[:io_waits] = (buckets.sum { |b| b[3] }.to_f / split).round(3) if split.positive?
+        at = now || Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        loaded = loaded(buckets, seconds, at)
+        window[:loaded] = loaded if loaded
+        routed = route_samples(at, rng)
+        window[:route_samples] = routed if routed.any?
         handoff(window) if gvl_split
         native = steadiness == :native
         steadiness = native_steadiness if native
@@ -94,6 +101,13 @@ module Serval
                    max_threads: windows.filter_map { |w| w[:max_threads] }.max,
                    gvl_split: windows.all? { |w| w[:gvl_split] }, ruby: first[:ruby],
                    samples: samples, sampled_from: from, histograms: add_histograms(windows) }
+        routed, = uniform(windows.map { |w| w[:route_samples] || [] },
+                          windows.map { |w| (w[:route_samples] || []).size }, CAP, rng)
+        merged[:route_samples] = routed if routed.any?
+        loaded = windows.filter_map { |w| w[:loaded] }
+        if loaded.any?
+          merged[:loaded] = { requests: loaded.sum { |l| l[:requests].to_i }, seconds: loaded.map { |l| Float(l[:seconds]) }.max }
+        end
         waits = windows.select { |w| w[:io_waits] }
         if waits.any?
           weight = waits.sum { |w| w[:requests].to_i }
@@ -219,6 +233,38 @@ module Serval
       end
 
       def native_steadiness = Native::GVL.respond_to?(:steadiness) ? Native::GVL.steadiness : nil
+
+      # The sampled requests with their routes (Timing::Routes), drawn from
+      # each 10 s bucket in proportion to its requests.
+      def route_samples(now, rng)
+        groups = Routes.buckets(now)
+        rows, = uniform(groups.map(&:first), groups.map(&:last), CAP, rng)
+        rows.map do |route, run, idle, stall, wall|
+          { route: route, run: run.round(DIGITS), idle: idle.round(DIGITS), stall: stall.to_f.round(DIGITS),
+            wall: wall&.round(DIGITS) }
+        end
+      end
+
+      LOADED = 0.5 # a bucket is in the loaded period at this share of the busiest bucket's rate or more
+
+      # The loaded period: the 10 s buckets whose rate is at least LOADED of
+      # the busiest one's, {requests:, seconds:} - what the server served
+      # while it was busy, not diluted by the idle rest of the minute. nil
+      # without requests. The newest bucket is counted for the part of it
+      # that has passed, the oldest for the part the window covers.
+      def loaded(buckets, seconds, now)
+        return nil if buckets.empty?
+
+        span = WINDOW_SPAN
+        spans = buckets.map { |b| (now - b[0]).clamp(0.0, span) } # newest first: only it is partial
+        spans[-1] = [spans[-1], seconds - spans[0...-1].sum].min if buckets.size > 1
+        rates = buckets.each_with_index.map { |b, i| spans[i] >= 1.0 ? b[1] / spans[i] : 0.0 }
+        top = rates.max
+        return nil unless top.positive?
+
+        keep = rates.each_index.select { |i| rates[i] >= LOADED * top }
+        { requests: keep.sum { |i| buckets[i][1] }, seconds: keep.sum { |i| spans[i] }.round(3) }
+      end
 
       # Groups of samples, each drawn from `from[i]` requests: the same share
       # of every group (the smallest any group holds), at most cap in all.
