@@ -68,6 +68,8 @@ module Serval
       return [data, nil] if data.is_a?(Hash) && data.key?("enough_data") && data.key?("warnings")
 
       window = self.class.window_from(data, path)
+      # the model's loop runs in about half the CPU time with YJIT (3.3+)
+      RubyVM::YJIT.enable if defined?(RubyVM::YJIT) && RubyVM::YJIT.respond_to?(:enable) && !RubyVM::YJIT.enabled?
       require "serval/advice/local"
       advice = Advice::Local.recommend(window, in_server: false, **@opts[:fleet])
       advice[:warnings] << "machine facts (CPUs, memory) are those of the machine servalctl ran on"
