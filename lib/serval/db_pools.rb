@@ -92,13 +92,19 @@ module Serval
 
       # [{name:, size:, connections:, busy:, idle:, waiting:, dead:}, ...];
       # nil until attached. size is nil for a pool without a limit (8.1).
+      # other_threads: the threads beside the request threads that take
+      # connections (other_takers), only when there are any.
       def stats
         return nil unless @attached
 
         list = pools
         names = names_of(list)
         warn_undersized(list, names)
-        list.each_with_index.filter_map { |pool, i| row(pool, names[i]) }
+        others = other_takers.sum { |t| t[:threads] }
+        list.each_with_index.filter_map do |pool, i|
+          n = others + pool_async_threads(pool)
+          (r = row(pool, names[i])) && n.positive? ? r.merge(other_threads: n) : r
+        end
       end
 
       # "primary", "animals", "primary role=reading", "primary shard=two";

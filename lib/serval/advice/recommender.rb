@@ -99,7 +99,8 @@ module Serval
         chosen = sweep.at(threads)
         procs = Processes.call(@facts, headroom: @s[:memory_headroom])
         @warnings.concat(procs.delete(:warnings))
-        db = Database.call(threads: threads, processes: procs[:processes], **@fleet)
+        db = Database.call(threads: threads, processes: procs[:processes], **@fleet,
+                           other_threads: @window.pools.map { |p| p[:other_threads] }.max || 0)
         @warnings.concat(db.delete(:warnings))
         share = workload.cpu_share
         result = base.merge(

@@ -96,7 +96,9 @@ module Serval
         raise ArgumentError, "idle_send_wait must be in [0, 10]" if @idle_send_wait && !(@idle_send_wait >= 0 && @idle_send_wait <= 10)
         @idle_send_hidden = h[:idle_send_hidden] && Float(h[:idle_send_hidden]) # remote's time hidden in GVL waits
         raise ArgumentError, "idle_send_hidden must be in [-1, 10]" if @idle_send_hidden && !(@idle_send_hidden >= -1 && @idle_send_hidden <= 10)
-        @pools = Array(h[:db_pools]).map { |p| { name: p[:name].to_s, size: Integer(p[:size]) } }
+        @pools = Array(h[:db_pools]).map do |p| # other_threads: DbPools.other_takers' threads (fastadvice)
+          { name: p[:name].to_s, size: Integer(p[:size]), other_threads: Integer(p[:other_threads] || 0).clamp(0, 100_000) }
+        end
         @samples = samples_of(h)
         @histograms = (h[:histograms] || {}).slice(*FIGURES).compact
         raise ArgumentError, "requests must be >= 0" if @requests.negative?
