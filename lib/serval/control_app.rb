@@ -177,8 +177,8 @@ module Serval
     def start_advice(key, window, options)
       job = { key: key, options: options, started: now }
       stats = @launcher.stats
+      require "serval/advice/local" # here, not on the thread: one require at a time
       job[:thread] = Threads.spawn("serval-advice", nil) do
-        require "serval/advice/local"
         body = JSON.generate(json_safe(Advice::Local.recommend(window, stats: stats, runner: model_process, **options)))
         @advice_lock.synchronize do
           job[:done] = @advice_done = { key: key, options: options, body: body, finished: now, delivered: false }

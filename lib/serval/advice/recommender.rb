@@ -116,7 +116,7 @@ module Serval
           sweep: sweep.table, load: load_points(open_sim(workload, sim), threads, chosen.rps),
           precision: precision(workload, sim, threads, chosen.rps),
           amdahl: { io_share: (1 - share).round(4), pick: Amdahl.pick(1 - share),
-                    table: Amdahl.table(1 - share, max: sweep.rows.size) },
+                    table: Amdahl.table(1 - share, max: sweep.max) },
           gvl_ceiling: GvlCeiling.call(workload.mean_run, workload.mean_io),
           pool: pool, database: db, machine: procs, measured: measured(sim, sweep),
           cpu_steadiness: Steadiness.call(@window.cpu_speed),

@@ -19,7 +19,7 @@ module Serval
       MIN_ROWS = 8
       TAIL = 3
 
-      attr_reader :rows
+      attr_reader :rows, :max
 
       def initialize(simulation, max:, fraction:, early_stop: true)
         raise ArgumentError, "fraction must be within (0, 1]" unless fraction.positive? && fraction <= 1
