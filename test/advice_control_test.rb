@@ -27,7 +27,8 @@ class AdviceControlTest < Minitest::Test
   end
 
   def get(launcher, query = "")
-    app = Rack::Lint.new(Serval::ControlApp.new(launcher, token: TOKEN))
+    # the model as long as it takes (on a loaded machine, past ControlApp::ADVICE_WAIT)
+    app = Rack::Lint.new(Serval::ControlApp.new(launcher, token: TOKEN, advice_wait: 600))
     res = Rack::MockRequest.new(app).get("/advice?token=#{TOKEN}#{query}")
     [res.status, JSON.parse(res.body)]
   end
