@@ -6,6 +6,7 @@ require "rack/lint"
 require "rack/mock"
 require "support/advice_windows"
 require "serval/control_app"
+require "serval/advice"
 
 # /advice: the recommendation from the launcher's measurement window, as
 # JSON, with the contract `servalctl advise --json` prints.
@@ -26,7 +27,8 @@ class AdviceControlTest < Minitest::Test
   end
 
   def get(launcher, query = "")
-    app = Rack::Lint.new(Serval::ControlApp.new(launcher, token: TOKEN))
+    # the model as long as it takes (on a loaded machine, past ControlApp::ADVICE_WAIT)
+    app = Rack::Lint.new(Serval::ControlApp.new(launcher, token: TOKEN, advice_wait: 600))
     res = Rack::MockRequest.new(app).get("/advice?token=#{TOKEN}#{query}")
     [res.status, JSON.parse(res.body)]
   end
@@ -47,7 +49,7 @@ class AdviceControlTest < Minitest::Test
     assert_kind_of Array, body["warnings"]
     body["warnings"].each { |w| assert_kind_of String, w }
     assert body["enough_data"]
-    assert_equal 16, body["sweep"].size
+    assert_includes Serval::Advice::Sweep::MIN_ROWS..16, body["sweep"].size # it may stop past the knee
     assert_match(/\Aadvice: \d+ threads(?: \(\d+-\d+\))? x \d+ processes \(cpu share 0\.\d\d from 1,500 requests/, body["summary"])
     assert body["machine"]["cpus"], "this machine's CPUs are in the answer"
     refute(body["warnings"].any? { |w| w.include?("computed in the server process") }, "the model ran in a child process")

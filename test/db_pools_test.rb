@@ -183,7 +183,7 @@ class DbPoolsTest < Minitest::Test
     server = boot(["-w", "1", "-t", "3:3", "-p", "0", "-C", "serval_conf.rb", "--metrics-bind",
                    "tcp://127.0.0.1:#{metrics}", "config.ru"], pool: 1, files: { "serval_conf.rb" => config })
     warning = server.wait_for(/^WARNING: max_threads.*/, stream: :err)[0]
-    assert_match(/\AWARNING: max_threads 3 \([^)]+\) .*"primary": 1 \(database config "primary" pool\), pid (\d+)/,
+    assert_match(/\AWARNING: max_threads 3 \([^)]+\) in pid (\d+), .*"primary": 1 \(database config "primary" pool\)/,
                  warning)
     refute_equal server.pid, Integer(warning[/pid (\d+)/, 1]), "the worker warns, not the master"
 
@@ -296,6 +296,56 @@ class DbPoolsTest < Minitest::Test
       refute_includes text, "db_pool"
       refute_includes text, "pool_wait"
     end
+  end
+
+  # Every thread that takes connections counts: request threads, Action
+  # Cable's workers (a stand-in: actioncable is not in the Gemfile),
+  # load_async's global executor. Two pools too small, two workers: one line
+  # per worker naming both pools and every taker, not one per pool.
+  TAKERS_APP = <<~RUBY
+    require "active_record"
+    module ActionCable
+      module Server
+        class Base; end
+      end
+      CONFIG = Struct.new(:worker_pool_size).new(4)
+      def self.server = Struct.new(:config).new(CONFIG)
+    end
+    ActiveRecord.async_query_executor = :global_thread_pool
+    ActiveRecord.global_executor_concurrency = 2
+    ActiveRecord::Base.establish_connection(adapter: "sqlite3", database: ":memory:", pool: 6)
+    class AnimalsRecord < ActiveRecord::Base
+      self.abstract_class = true
+    end
+    AnimalsRecord.establish_connection(adapter: "sqlite3", database: ":memory:", pool: 8)
+    class BigRecord < ActiveRecord::Base
+      self.abstract_class = true
+    end
+    BigRecord.establish_connection(adapter: "sqlite3", database: ":memory:", pool: 9)
+    run ->(_env) { [200, { "content-type" => "text/plain" }, ["ok\n"]] }
+  RUBY
+
+  def test_one_warning_per_process_names_every_taker
+    need_active_record
+    metrics = Serval::SubprocessServer.free_port
+    server = boot(["-w", "2", "-t", "3:3", "-p", "0", "-C", "serval_conf.rb", "--metrics-bind",
+                   "tcp://127.0.0.1:#{metrics}", "config.ru"], pool: 1,
+                  files: { "config.ru" => TAKERS_APP, "serval_conf.rb" => "worker_check_interval 0.1\n" })
+    lines = server.wait_for_count(/^WARNING: max_threads.*/, 2, stream: :err).map { |m| m[0] }
+    pids = lines.map { |l| Integer(l[/in pid (\d+)/, 1]) }
+    assert_equal 2, pids.uniq.size, lines.join("\n")
+    lines.each do |l|
+      assert_match(/\AWARNING: max_threads 3 \([^)]+\) \+ 4 Action Cable workers \(config\.action_cable\.worker_pool_size\) \+ 2 load_async threads \(config\.active_record\.global_executor_concurrency\) = 9 threads take database connections in pid \d+, above the size of database pools "primary \(ActiveRecord::Base\)": 6 \(database config "primary" pool\), "primary \(AnimalsRecord\)": 8 \(database config "primary" pool\)\. .*raise the pool to 9 /, l)
+    end
+    # the workers' check-ins read the pools again (10 per second): no more lines
+    5.times { |i| eventually("requests served #{i}") { get(server.port, "/").status == 200 } }
+    text = eventually("both workers checked in") do
+      t = get(metrics, "/metrics").body
+      t if t.scan(/^serval_db_pool_size\{/).size == 6
+    end
+    # the stats (and the window the advice reads) carry the other takers per pool
+    assert_match(/^serval_db_pool_other_threads\{worker="0",pid="\d+",pool="primary \(ActiveRecord::Base\)"\} 6$/, text)
+    assert_equal 2, server.stderr.scan(/^WARNING: max_threads/).size, server.stderr
   end
 
   Config = Struct.new(:name, :configuration_hash)

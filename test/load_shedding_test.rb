@@ -220,7 +220,9 @@ class LoadSheddingTest < Minitest::Test
 
   # The control and metrics listeners are Servers of their own, built from
   # the defaults: max_queue_time of the app's options never reaches them, so
-  # a busy control thread makes requests wait, never answers 503.
+  # a busy control thread makes requests wait, never answers 503. The control
+  # app has Control::CONTROL_THREADS threads (one may wait for /advice's
+  # model): all of them are kept busy.
   def test_control_and_metrics_listeners_are_exempt
     require "serval/control"
     Dir.mktmpdir do |dir|
@@ -231,17 +233,17 @@ class LoadSheddingTest < Minitest::Test
       launcher = BlockingLauncher.new
       control = Serval::Control.start(launcher, options, Serval::LogWriter.new(stdout: StringIO.new, stderr: StringIO.new))
       begin
-        { "ctl.sock" => "/stats?token=#{TOKEN}", "metrics.sock" => "/metrics" }.each do |sock, path|
+        { "ctl.sock" => ["/stats?token=#{TOKEN}", Serval::Control::CONTROL_THREADS],
+          "metrics.sock" => ["/metrics", 1] }.each do |sock, (path, threads)|
           launcher.blocking = true
-          first = unix_send("#{dir}/#{sock}", path)
-          launcher.entered.pop
+          firsts = Array.new(threads) { unix_send("#{dir}/#{sock}", path).tap { launcher.entered.pop } }
           launcher.blocking = false
-          behind = Array.new(3) { unix_send("#{dir}/#{sock}", path).tap { |s| assert s.silent_for?(0.3), "#{sock}: answered while its thread was busy" } }
-          launcher.gate << true
-          [first, *behind].each { |s| assert_match(%r{\AHTTP/1\.1 200 }, read_all(s), sock) }
+          behind = Array.new(3) { unix_send("#{dir}/#{sock}", path).tap { |s| assert s.silent_for?(0.3), "#{sock}: answered while its threads were busy" } }
+          threads.times { launcher.gate << true }
+          [*firsts, *behind].each { |s| assert_match(%r{\AHTTP/1\.1 200 }, read_all(s), sock) }
         end
       ensure
-        launcher.gate << true
+        Serval::Control::CONTROL_THREADS.times { launcher.gate << true }
         control.stop
       end
     end

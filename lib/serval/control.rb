@@ -10,7 +10,9 @@ module Serval
   # What the launcher starts beside the app, in the master (or single)
   # process: the control app (control_url), the Prometheus listener
   # (metrics_bind) and the state file (state_path). Each listener is a small
-  # Server of its own with one thread. A forked child closes the inherited
+  # Server of its own with one thread; the control app's has two, so that
+  # status/stats answer while another request waits for /advice's model
+  # (ControlApp#advice lets one request wait at a time). A forked child closes the inherited
   # listeners at once (ForkHook, installed when this starts), so only the
   # master answers.
   #
@@ -25,6 +27,7 @@ module Serval
                        log_requests: false, early_hints: false, lowlevel_error_handler: nil, timing: false,
                        read_timeout: 10.0, first_data_timeout: 10.0, persistent_timeout: 5.0,
                        fair_timeslice: nil }.freeze # nil: the serving Server sets the process's slice
+    CONTROL_THREADS = 2
     STOP_GRACE = 1.0
     BOOT_WAIT = 86_400
 
@@ -64,7 +67,10 @@ module Serval
 
     attr_reader :token, :control_urls, :metrics_urls, :failure
 
-    def initialize(launcher, options, log_writer)
+    # advice_runner: what computes /advice (tests: a slow stand-in); default
+    # the model's child process.
+    def initialize(launcher, options, log_writer, advice_runner: nil)
+      @advice_runner = advice_runner
       @launcher = launcher
       @options = options
       @log_writer = log_writer
@@ -123,7 +129,7 @@ module Serval
 
     def start_control
       require "serval/control_app"
-      urls = serve(@options[:control_url], ControlApp.new(@launcher, token: @token))
+      urls = serve(@options[:control_url], ControlApp.new(@launcher, token: @token, runner: @advice_runner), max_threads: CONTROL_THREADS)
       # tools run from elsewhere: tcp:// as in the config, unix paths absolute
       @control_urls = urls.map { |url| url.sub(%r{\Ahttp://}, "tcp://").sub(%r{\Aunix://(.+)}) { "unix://#{File.expand_path(Regexp.last_match(1))}" } }
     end
@@ -140,13 +146,14 @@ module Serval
       @control_urls.each { |url| @log_writer.info("* Control app on #{url}") }
     end
 
-    def serve(uri, app)
+    def serve(uri, app, max_threads: 1)
       require "serval/server"
       binder = Binder.new(backlog: 64)
       part = [binder, nil]
       @parts << part # before bind: a fork from now on closes the listener
       binder.bind([uri])
-      server = Server.new(app, Configuration::DEFAULTS.merge(tmpdir: @options[:tmpdir]).merge(SERVER_OPTIONS),
+      server = Server.new(app, Configuration::DEFAULTS.merge(tmpdir: @options[:tmpdir]).merge(SERVER_OPTIONS)
+                                                       .merge(max_threads: max_threads),
                           log_writer: @log_writer)
       binder.ios.each { |io| server.listen(io) }
       part[1] = server

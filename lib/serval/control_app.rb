@@ -4,6 +4,7 @@ require "json"
 require "rack/utils"
 require "serval/commands"
 require "serval/json_safe"
+require "serval/threads"
 
 module Serval
   # The control app: a Rack app answering GET /<command>?token=TOKEN with
@@ -26,13 +27,30 @@ module Serval
 
     MAX_TRACE_SECONDS = 60
 
+    # /advice: seconds one request waits for the model before it is answered
+    # 503 busy (Retry-After: RETRY_AFTER); the model keeps computing and a
+    # later request with the same options gets its result. At most one
+    # request waits at a time, so the control server's other thread stays
+    # free for status/stats.
+    ADVICE_WAIT = 10.0
+    RETRY_AFTER = 1
+    ADVICE_KEEP = 60.0 # seconds an undelivered result waits for the request that asked for it
+
     # launcher: answers stats, enqueue(command), thread_backtraces and
     # gvl_trace(seconds) (Serval::Launcher; the endpoint answers 501 without it).
-    def initialize(launcher, token:)
+    # runner: computes advice (#advice(window, **options)); default the
+    # model's child process (Auto::ModelProcess), started on the first /advice.
+    def initialize(launcher, token:, runner: nil, advice_wait: ADVICE_WAIT)
       raise ArgumentError, "a control token is required" if token.nil? || token.empty?
 
       @launcher = launcher
       @token = token
+      @runner = runner
+      @advice_wait = advice_wait
+      @advice_lock = Mutex.new
+      @advice_job = nil    # {key:, options:, thread:, started:} while the model computes
+      @advice_done = nil   # {key:, options:, body:, finished:, delivered:} the last result
+      @advice_waiting = false
     end
 
     def call(env)
@@ -104,25 +122,100 @@ module Serval
     end
 
     # The recommendation (Serval::Advice) from the launcher's measurement
-    # window and this machine's CPUs and memory. Its simulation costs 2-3 s
-    # of CPU, spent in a child process (#model_process), on demand.
+    # window and this machine's CPUs and memory. Its model runs in a child
+    # process (#model_process), on demand, on a thread of its own: this
+    # request waits for it up to ADVICE_WAIT, then answers 503 busy with
+    # Retry-After (the same request later gets the result; `wait=S` in the
+    # query waits S seconds instead, 0..ADVICE_WAIT). A window and
+    # options seen before (same digest) answer from the last result at once.
     def advice(params)
       return answer(501, error: "no measurement window in this build") unless @launcher.respond_to?(:window)
 
-      options = advice_options(params) or
+      options = advice_options(params)
+      wait = params.key?("wait") ? Float(params["wait"].to_s, exception: false) : 0.0
+      unless options && wait&.finite? && wait >= 0 && wait <= ADVICE_WAIT
         return answer(400, error: "machines, extra_connections, db_max_connections: integers >= 0 " \
-                                  "(machines >= 1); target_rps: a number > 0")
+                                  "(machines >= 1); target_rps: a number > 0; wait: seconds in [0, #{ADVICE_WAIT.to_i}]")
+      end
+
       window = @launcher.window
       return answer(503, error: "no measurement window yet (timing off, or not booted)") unless window
 
-      require "serval/advice/local"
-      answer(200, Advice::Local.recommend(window, stats: @launcher.stats, runner: model_process, **options))
+      wait = @advice_wait unless params.key?("wait")
+      key = advice_key(window, options)
+      job = @advice_lock.synchronize do
+        done = @advice_done
+        if done && (done[:key] == key || (done[:options] == options && !done[:delivered] &&
+                                          now - done[:finished] < ADVICE_KEEP))
+          done[:delivered] = true
+          return respond(200, done[:body])
+        end
+        return busy("another request is waiting for it") if @advice_waiting
+        if @advice_job && @advice_job[:options] != options
+          return busy("computing advice for other options")
+        end
+
+        @advice_job ||= start_advice(key, window, options)
+        @advice_waiting = true
+        @advice_job
+      end
+      finished = begin
+        job[:thread].join(wait)
+      ensure
+        @advice_lock.synchronize { @advice_waiting = false }
+      end
+      return busy("the model is still computing") unless finished
+
+      @advice_lock.synchronize do
+        raise job[:error] if job[:error]
+
+        @advice_done[:delivered] = true if @advice_done&.equal?(job[:done])
+        respond(200, job[:done][:body])
+      end
     end
 
-    # The advice's 2-3 s of model run in a child process at nice 19, not
-    # in the serving process's GVL (Auto::ModelProcess); one per control
-    # app, started on the first /advice, ended with this process.
+    def start_advice(key, window, options)
+      job = { key: key, options: options, started: now }
+      stats = @launcher.stats
+      require "serval/advice/local" # here, not on the thread: one require at a time
+      job[:thread] = Threads.spawn("serval-advice", nil) do
+        body = JSON.generate(json_safe(Advice::Local.recommend(window, stats: stats, runner: model_process, **options)))
+        @advice_lock.synchronize do
+          job[:done] = @advice_done = { key: key, options: options, body: body, finished: now, delivered: false }
+          @advice_job = nil
+        end
+      rescue StandardError => e
+        @advice_lock.synchronize do
+          job[:error] = e
+          @advice_job = nil
+        end
+      end
+      job
+    end
+
+    def busy(why)
+      job = @advice_job
+      since = job ? format(", %.1f s so far", now - job[:started]) : ""
+      status, headers, body = answer(503, error: "busy: advice is being computed (#{why}#{since}); retry", busy: true)
+      [status, headers.merge("retry-after" => RETRY_AFTER.to_s), body]
+    end
+
+    # The same window and options: the same advice (the model is seeded).
+    def advice_key(window, options)
+      require "digest"
+      Digest::SHA256.hexdigest(Marshal.dump([window, options.sort]))
+    rescue TypeError # a window that cannot be dumped: never the same
+      Object.new.object_id.to_s
+    end
+
+    def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+    # The advice's model runs in a child process at nice 19, not in the
+    # serving process's GVL (Auto::ModelProcess); one per control app,
+    # started on the first /advice, ended with this process.
     def model_process
+      return @runner if @runner
+
       require "serval/auto/model_process"
       @model_process ||= Auto::ModelProcess.new
     end
@@ -142,9 +235,10 @@ module Serval
 
     # Infinity and NaN travel as strings ("+Inf", "-Inf", "NaN").
     def answer(status, body)
-      json = JSONSafe.convert(body) { |f| f.to_s.sub("Infinity", "Inf").sub(/\AInf/, "+Inf") }
-      respond(status, JSON.generate(json))
+      respond(status, JSON.generate(json_safe(body)))
     end
+
+    def json_safe(body) = JSONSafe.convert(body) { |f| f.to_s.sub("Infinity", "Inf").sub(/\AInf/, "+Inf") }
 
     def respond(status, json)
       [status, { "content-type" => "application/json", "cache-control" => "no-store",

@@ -22,7 +22,9 @@ module Serval
   # state_path from it, and only when nothing before it named the server.
   #
   # Exit status: 0 done, 1 the server answered with an error, 2 usage or
-  # configuration error, 3 the server could not be reached.
+  # configuration error, 3 the server could not be reached (refused, no
+  # socket, no answer in time: down), 4 busy: the server is up but its
+  # advice was still computing when `advise --wait` ran out.
   class Ctl
     COMMANDS = Commands::CTL
     ENV_URL = "SERVAL_CONTROL_URL"
@@ -31,6 +33,10 @@ module Serval
     WINDOW_FIGURES = %w[queue run idle stall pool_wait wall].freeze
     CONNECT_TIMEOUT = 5
     READ_TIMEOUT = 15
+
+    EXIT_BUSY = 4
+    ADVISE_WAIT = 60.0 # advise: seconds to keep asking a busy server (--wait)
+    SERVER_WAIT = 10.0 # the longest one /advice request waits there (ControlApp::ADVICE_WAIT)
 
     class Unreachable < StandardError; end
 
@@ -46,7 +52,7 @@ module Serval
       @seconds = nil
       @output = nil
       @json = false
-      @advise = { fleet: {} }
+      @advise = { fleet: {}, wait: ADVISE_WAIT }
       @with_window = false
     end
 
@@ -188,7 +194,7 @@ module Serval
       "/#{command == 'status' ? 'stats' : command}?#{query}"
     end
 
-    # One GET over a fresh connection; returns [status, body].
+    # One GET over a fresh connection; returns [status, body, head].
     def request(path)
       socket = connect
       socket.write("GET #{path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
@@ -197,7 +203,7 @@ module Serval
       status = head.to_s[%r{\AHTTP/1\.[01] (\d{3})}, 1]
       raise Unreachable, "no HTTP response" unless status
 
-      [status.to_i, body.to_s]
+      [status.to_i, body.to_s, head.to_s]
     ensure
       socket&.close
     end
@@ -236,7 +242,8 @@ module Serval
       return cmd.show(*cmd.from_file) if @advise[:from]
 
       resolve_target
-      status, body = request("/advice?#{URI.encode_www_form(cmd.query.merge('token' => @token))}")
+      status, body = ask_advice(cmd)
+      return status if status == EXIT_BUSY
       return report_error("advise", status, body) unless status == 200
 
       window = nil
@@ -248,6 +255,33 @@ module Serval
     rescue CtlAdvise::NoWindow => e
       @stderr.puts("servalctl: advise: #{e.message}")
       1
+    end
+
+    # /advice answers 503 busy (Retry-After) while its model computes: ask
+    # again until --wait runs out; then say so and return EXIT_BUSY.
+    def ask_advice(cmd)
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @advise[:wait]
+      loop do
+        wait = (deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)).clamp(0, SERVER_WAIT)
+        query = cmd.query.merge("token" => @token, "wait" => format("%.2f", wait))
+        status, body, head = request("/advice?#{URI.encode_www_form(query)}")
+        return [status, body] unless status == 503 && busy?(body)
+
+        left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        if left <= 0
+          @stderr.puts("servalctl: advise: the server is up but still computing its advice " \
+                       "(#{@advise[:wait].round(1)} s waited); try again, or give --wait more")
+          return [EXIT_BUSY, body]
+        end
+        retry_after = head[/^retry-after:\s*(\d+)/i, 1]&.to_f || 1.0
+        sleep([[retry_after, 0.05].max, left].min)
+      end
+    end
+
+    def busy?(body)
+      JSON.parse(body)["busy"] == true
+    rescue JSON::ParserError
+      false
     end
 
     # stats --window: the snapshot with the window under "window", so that

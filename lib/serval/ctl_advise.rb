@@ -25,6 +25,8 @@ module Serval
         into[:from] = v
       end
       parser.on("--html FILE", "advise: also write a self-contained HTML report") { |v| into[:html] = v }
+      parser.on("--wait SECONDS", Float, "advise: how long to wait for a busy server's model (default 60; " \
+                                         "then exit 4)") { |v| into[:wait] = v }
       FLEET.each do |flag, key, type, text|
         parser.on(flag, type, "advise: #{text}") { |v| into[:fleet][key] = v }
       end
@@ -54,6 +56,7 @@ module Serval
       %i[extra_connections db_max_connections].each do |k|
         raise ConfigError, "--#{k.to_s.tr('_', '-')} must be >= 0" if f[k]&.negative?
       end
+      raise ConfigError, "--wait must be >= 0" if @opts[:wait] && !(@opts[:wait].finite? && @opts[:wait] >= 0)
       raise ConfigError, "--target-rps must be > 0" if f[:target_rps] && !(f[:target_rps].finite? && f[:target_rps].positive?)
     end
 
@@ -65,6 +68,8 @@ module Serval
       return [data, nil] if data.is_a?(Hash) && data.key?("enough_data") && data.key?("warnings")
 
       window = self.class.window_from(data, path)
+      # the model's loop runs in about half the CPU time with YJIT (3.3+)
+      RubyVM::YJIT.enable if defined?(RubyVM::YJIT) && RubyVM::YJIT.respond_to?(:enable) && !RubyVM::YJIT.enabled?
       require "serval/advice/local"
       advice = Advice::Local.recommend(window, in_server: false, **@opts[:fleet])
       advice[:warnings] << "machine facts (CPUs, memory) are those of the machine servalctl ran on"

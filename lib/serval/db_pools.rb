@@ -23,8 +23,10 @@ module Serval
   #   thread in C (ext/serval/gvl.c) for Timing#pool_wait. A checkout that
   #   finds a free connection runs no Serval code at all. A wait_poll whose
   #   signature is not (timeout) is left alone, with a warning.
-  # - A warning, once per pool and process, when max_threads is above the
-  #   pool's size: the threads beyond it wait for a connection.
+  # - A warning, one line per process, when a pool is smaller than the
+  #   threads that take its connections: max_threads, Action Cable's
+  #   workers, load_async's executor, Solid Queue's threads in the server
+  #   (other_takers): the threads beyond it wait for a connection.
   module DbPools
     FIGURES = %i[size connections busy idle waiting dead].freeze
     WAIT_POLL = [[:req, :timeout]].freeze # ConnectionPool::Queue#wait_poll's parameters, 7.1 to 8.1
@@ -90,13 +92,19 @@ module Serval
 
       # [{name:, size:, connections:, busy:, idle:, waiting:, dead:}, ...];
       # nil until attached. size is nil for a pool without a limit (8.1).
+      # other_threads: the threads beside the request threads that take
+      # connections (other_takers), only when there are any.
       def stats
         return nil unless @attached
 
         list = pools
         names = names_of(list)
         warn_undersized(list, names)
-        list.each_with_index.filter_map { |pool, i| row(pool, names[i]) }
+        others = other_takers.sum { |t| t[:threads] }
+        list.each_with_index.filter_map do |pool, i|
+          n = others + pool_async_threads(pool)
+          (r = row(pool, names[i])) && n.positive? ? r.merge(other_threads: n) : r
+        end
       end
 
       # "primary", "animals", "primary role=reading", "primary shard=two";
@@ -186,23 +194,123 @@ module Serval
           File.exist?(File.join(::Rails.root.to_s, "config", "database.yml"))
       end
 
-      # One line per pool and process (a forked worker warns again).
+      # One line per process (a forked worker warns again) naming every pool
+      # smaller than the threads that take its connections and every taker;
+      # a pool established later that is also too small gets a line of its own.
       def warn_undersized(list, names)
         threads, log_writer = @mutex.synchronize { [@options&.[](:max_threads), @log_writer] }
         return unless threads.is_a?(Integer) && log_writer
 
-        list.each_with_index do |pool, i|
+        others = other_takers
+        short = list.each_with_index.filter_map do |pool, i|
           size = pool.size
-          next unless size.is_a?(Integer) && threads > size
-          next unless first_warning?(names[i])
+          need = threads + others.sum { |t| t[:threads] } + pool_async_threads(pool)
+          next unless size.is_a?(Integer) && need > size && first_warning?(names[i])
 
-          log_writer.warn("WARNING: max_threads #{threads} (#{thread_source}) is above the size of database pool " \
-                          "#{names[i].inspect}: #{size} (#{size_source(pool)}), pid #{Process.pid}. Threads " \
-                          "beyond #{size} wait for a connection (pool_wait), not for I/O: raise the pool to " \
-                          "#{threads} or lower max_threads")
+          [names[i], size, size_source(pool), need, pool_async_threads(pool)]
         end
+        return if short.empty?
+
+        log_writer.warn(undersized_line(threads, others, short))
       rescue StandardError => e
         log_writer&.warn("serval: could not compare max_threads with the database pools: #{e.class}: #{e.message}")
+      end
+
+      # "WARNING: max_threads 5 (config/serval.rb) + 4 Action Cable workers
+      # (config.action_cable.worker_pool_size) = 9 threads take database
+      # connections in pid 12, above the size of database pool "primary": 5
+      # (config/database.yml max_connections). ..."
+      def undersized_line(threads, others, short)
+        need = short.map { |row| row[3] }.max
+        async = short.map { |row| row[4] }.max
+        who = others.map { |t| "#{t[:threads]} #{t[:name]} (#{t[:source]})" }
+        who << "#{async} load_async threads (database config max_threads)" if async.positive?
+        pools = short.map { |name, size, source, _, _| "#{name.inspect}: #{size} (#{source})" }
+        sum = who.empty? ? "" : " + #{who.join(' + ')} = #{need} threads take database connections"
+        "WARNING: max_threads #{threads} (#{thread_source})#{sum} in pid #{Process.pid}, above the size of " \
+          "database pool#{'s' if pools.size > 1} #{pools.join(', ')}. Threads beyond the pool wait for a " \
+          "connection (pool_wait), not for I/O: raise the pool to #{need} or run fewer threads"
+      end
+
+      public
+
+      # Threads of this process beside the request threads that check out
+      # connections from every pool: [{name:, threads:, source:}, ...].
+      # - Action Cable's worker pool, when Action Cable is loaded and mounted
+      #   in this server (Rails: config.action_cable.mount_path not nil);
+      # - load_async's global executor (async_query_executor
+      #   :global_thread_pool); :multi_thread_pool is per pool (pool_async_threads);
+      # - Solid Queue's workers and dispatchers when they run as threads of
+      #   this process (the Puma plugin with solid_queue_mode :async); forked
+      #   Solid Queue processes have pools of their own.
+      def other_takers
+        [action_cable_takers, async_takers, solid_queue_takers].compact
+      end
+
+      private
+
+      def action_cable_takers
+        return nil unless defined?(::ActionCable::Server::Base) && ::ActionCable.respond_to?(:server)
+
+        if defined?(::Rails) && ::Rails.respond_to?(:application) && ::Rails.application
+          cable = ::Rails.application.config.respond_to?(:action_cable) ? ::Rails.application.config.action_cable : nil
+          return nil if cable.respond_to?(:mount_path) && cable.mount_path.nil?
+        end
+        n = Integer(::ActionCable.server.config.worker_pool_size)
+        n.positive? ? { name: "Action Cable workers", threads: n, source: "config.action_cable.worker_pool_size" } : nil
+      rescue StandardError
+        nil
+      end
+
+      def async_takers
+        return nil unless ::ActiveRecord.respond_to?(:async_query_executor) &&
+                          ::ActiveRecord.async_query_executor == :global_thread_pool
+
+        n = Integer(::ActiveRecord.global_executor_concurrency)
+        { name: "load_async threads", threads: n, source: "config.active_record.global_executor_concurrency" }
+      rescue StandardError
+        nil
+      end
+
+      # :multi_thread_pool: each pool has its own executor of max_threads.
+      def pool_async_threads(pool)
+        return 0 unless ::ActiveRecord.respond_to?(:async_query_executor) &&
+                        ::ActiveRecord.async_query_executor == :multi_thread_pool
+
+        config = pool.db_config
+        config.respond_to?(:max_threads) ? Integer(config.max_threads) : 0
+      rescue StandardError
+        0
+      end
+
+      def solid_queue_takers
+        return nil unless defined?(::SolidQueue)
+
+        mode = @options&.dig(:plugin_options, :solid_queue_mode) || @options&.[](:solid_queue_mode)
+        return nil unless mode&.to_sym == :async && solid_queue_plugin?
+
+        n = solid_queue_threads
+        n&.positive? ? { name: "Solid Queue threads", threads: n, source: "config/queue.yml, solid_queue_mode :async" } : nil
+      rescue StandardError
+        nil
+      end
+
+      def solid_queue_plugin?
+        plugins = Array(@options&.[](:puma_plugins)).map { |name, _| name.to_s }
+        plugins.include?("solid_queue") || %w[1 true yes].include?(ENV.fetch("SOLID_QUEUE_IN_PUMA", "").downcase)
+      end
+
+      # A worker's threads plus its polling thread, one per dispatcher (and
+      # the supervisor's heartbeat), from Solid Queue's configuration.
+      def solid_queue_threads
+        return nil unless defined?(::SolidQueue::Configuration)
+
+        processes = ::SolidQueue::Configuration.new.configured_processes
+        1 + processes.sum do |p|
+          kind = p.respond_to?(:kind) ? p.kind.to_s : ""
+          attrs = p.respond_to?(:attributes) ? p.attributes : {}
+          kind == "worker" ? Integer(attrs[:threads] || attrs["threads"] || 3) + 1 : 1
+        end
       end
 
       def first_warning?(name)

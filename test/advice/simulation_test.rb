@@ -125,9 +125,29 @@ class AdviceSimulationTest < Minitest::Test
 
   def test_sweep_of_sixteen_thread_counts_stays_bounded
     s = sim(exp(0.007, 1), exp(0.013, 2), n: A::DEFAULTS[:sim_requests])
-    rows = A::Sweep.new(s, max: 16, fraction: 0.95).rows
+    rows = A::Sweep.new(s, max: 16, fraction: 0.95, early_stop: false).rows
     assert_equal (1..16).to_a, rows.map(&:threads)
     assert rows.all? { |r| r.requests > A::DEFAULTS[:sim_requests] / 2 }
+  end
+
+  # The sweep stops once the rows left cannot move the knee: the same knee
+  # and best-so-far as the whole sweep, fewer rows, and a row past the stop
+  # is simulated when asked for.
+  def test_sweep_stops_early_with_the_same_knee
+    [[0.007, 0.013], [0.014, 0.006], [0.002, 0.030], [0.020, 0.001]].each do |run, io|
+      s = sim(exp(run, 1), exp(io, 2), n: 4000)
+      full = A::Sweep.new(s, max: 16, fraction: 0.95, early_stop: false)
+      fast = A::Sweep.new(s, max: 16, fraction: 0.95)
+      assert_equal full.knee, fast.knee, [run, io].inspect
+      assert_operator fast.rows.size, :>=, [A::Sweep::MIN_ROWS, fast.knee + A::Sweep::TAIL, 16].sort[1]
+      assert_equal full.rows.first(fast.rows.size).map(&:to_h), fast.rows.map(&:to_h)
+      assert_equal full.at(16).to_h, fast.at(16).to_h
+      assert_equal 16, fast.rows.size
+    end
+    io_bound = A::Sweep.new(sim(exp(0.001, 1), exp(0.050, 2), n: 4000), max: 16, fraction: 0.95)
+    refute io_bound.stopped_early? # still growing at 16 threads
+    cpu_bound = A::Sweep.new(sim(exp(0.020, 1), exp(0.001, 2), n: 4000), max: 16, fraction: 0.95)
+    assert cpu_bound.stopped_early?
   end
 
   def test_bad_arguments

@@ -47,8 +47,18 @@ module Bench
 
     # GET /advice on the control app: nil when the endpoint does not exist
     # (or answers without a thread count).
+    # A busy answer (503, "busy": the model still computing) is asked again
+    # after its Retry-After, for up to BUSY_WAIT seconds.
+    BUSY_WAIT = 180
+
     def from_control(port, token)
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + BUSY_WAIT
       res = HTTP.get("127.0.0.1", port, "/advice?token=#{token}", timeout: 30)
+      while res.status == 503 && (JSON.parse(res.body)["busy"] rescue false) &&
+            Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+        sleep 1
+        res = HTTP.get("127.0.0.1", port, "/advice?token=#{token}", timeout: 30)
+      end
       return nil unless res.status == 200
 
       body = JSON.parse(res.body)

@@ -108,7 +108,8 @@ module Serval
         chosen = sweep.at(threads)
         procs = Processes.call(@facts, headroom: @s[:memory_headroom])
         @warnings.concat(procs.delete(:warnings))
-        db = Database.call(threads: threads, processes: procs[:processes], **@fleet)
+        db = Database.call(threads: threads, processes: procs[:processes], **@fleet,
+                           other_threads: @window.pools.map { |p| p[:other_threads] }.max || 0)
         @warnings.concat(db.delete(:warnings))
         share = workload.cpu_share
         range = threads_range(workload, sim, threads, pool)
@@ -126,7 +127,7 @@ module Serval
           sweep: sweep.table, load: load_points(open_sim(workload, sim), threads, chosen.rps),
           precision: precision(workload, sim, threads, chosen.rps),
           amdahl: { io_share: (1 - share).round(4), pick: Amdahl.pick(1 - share),
-                    table: Amdahl.table(1 - share, max: sweep.rows.size) },
+                    table: Amdahl.table(1 - share, max: sweep.max) },
           gvl_ceiling: GvlCeiling.call(workload.mean_run, workload.mean_io),
           pool: pool, database: db, machine: procs, measured: measured(sim, sweep), routes: routes,
           cpu_steadiness: Steadiness.call(@window.cpu_speed),

@@ -161,12 +161,19 @@ module Serval
         pwait = Array.new(threads, 0.0)
         pool = @pool && Array.new(@pool, 0.0)
         finished = []
-        out = { latency: [], wall: [], stall: [], pool_wait: [], queue: [] }
+        lat_out = []
+        wall_out = []
+        stall_out = []
+        pwait_out = []
+        queue_out = []
         nxt = 0
         gvl_free = 0.0
         busy = 0.0
         pick = @order == :random && Random.new(@seed)
         speeds = offset && @speed
+        nspeeds = speeds ? speeds.size : 1
+        step = SPEED_STEP
+        profiles = @profiles
         scale = @scale
         loop_cpu = @loop_cpu
         between = @between
@@ -205,7 +212,7 @@ module Serval
           asked[i] = t
           granted[i] = start
           c = rem[i] # work left; at speed sp it takes c / sp
-          sp = speeds ? speeds[((start + offset) / SPEED_STEP).floor % speeds.size] : 1.0
+          sp = speeds ? speeds[((start + offset) / step).floor % nspeeds] : 1.0
           c /= sp if speeds
           if c > quantum
             ready[i] = inf
@@ -232,14 +239,14 @@ module Serval
             done = start if done < start
             due += loop_cpu
             finished << done
-            out[:latency] << (done - arrived[i])
-            out[:wall] << (done - began[i])
-            out[:stall] << stall[i]
-            out[:pool_wait] << pwait[i]
-            out[:queue] << (began[i] - arrived[i])
+            lat_out << (done - arrived[i])
+            wall_out << (done - began[i])
+            stall_out << stall[i]
+            pwait_out << pwait[i]
+            queue_out << (began[i] - arrived[i])
             if nxt < n # the thread takes the next request: at once, or when it arrives
               arr = arrivals ? arrivals[nxt] : done
-              prof[i] = p = @profiles[nxt]
+              prof[i] = p = profiles[nxt]
               nxt += 1
               seg[i] = 0
               rem[i] = (p[0] * scale) + (p.size == 1 ? between : 0.0)
@@ -273,7 +280,8 @@ module Serval
             rem[i] = (p[s + 1] * scale) + (s + 2 == p.size ? between : 0.0)
           end
         end
-        summarize(threads, finished, out, busy)
+        summarize(threads, finished, { latency: lat_out, wall: wall_out, stall: stall_out, pool_wait: pwait_out,
+                                       queue: queue_out }, busy)
       end
 
       # Figures over the steady part: the first tenth of the requests warm up

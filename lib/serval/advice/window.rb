@@ -103,7 +103,9 @@ module Serval
         raise ArgumentError, "idle_send_hidden must be in [-1, 10]" if @idle_send_hidden && !(@idle_send_hidden >= -1 && @idle_send_hidden <= 10)
         @loaded = loaded_of(h[:loaded])
         @route_samples = Array(h[:route_samples]).select { |r| r.is_a?(Hash) && r[:route] && r[:run] && r[:idle] }
-        @pools = Array(h[:db_pools]).map { |p| { name: p[:name].to_s, size: Integer(p[:size]) } }
+        @pools = Array(h[:db_pools]).map do |p| # other_threads: DbPools.other_takers' threads
+          { name: p[:name].to_s, size: Integer(p[:size]), other_threads: Integer(p[:other_threads] || 0).clamp(0, 100_000) }
+        end
         @samples = samples_of(h)
         @histograms = (h[:histograms] || {}).slice(*FIGURES).compact
         raise ArgumentError, "requests must be >= 0" if @requests.negative?

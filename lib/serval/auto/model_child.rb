@@ -35,6 +35,10 @@ rescue LoadError, StandardError
   nil
 end
 idle_policy
+
+# The model is a tight numeric loop: YJIT (Ruby 3.3+, when built in) runs it
+# in about half the CPU time. Only this child, never the server.
+RubyVM::YJIT.enable if defined?(RubyVM::YJIT) && RubyVM::YJIT.respond_to?(:enable) && !RubyVM::YJIT.enabled?
 $stdin.binmode
 $stdout.binmode
 
