@@ -17,7 +17,7 @@ class OobGcTest < Minitest::Test
     with_server(APP, oob_gc: 2, min_threads: 1, max_threads: 1, out_of_band: [-> { idle << GC.count }]) do |server, port|
       counts = Array.new(4) do
         assert_equal 200, http(port, get("/")).status
-        idle.pop(timeout: 5) # the thread went idle and ran the out_of_band hooks (GC first)
+        idle.pop # the thread went idle and ran the out_of_band hooks (GC first)
       end
       assert_equal 2, server.stats[:oob_gc_runs]
       assert_operator counts[1], :>, counts[0], "a GC ran after the 2nd request"

@@ -116,7 +116,7 @@ class RequestTimeoutTest < Minitest::Test
   def test_raise_interrupts_the_thread_and_the_pool_recovers
     serve(request_timeout_raise: true, min_threads: 1, max_threads: 1) do |_server, port|
       assert_equal 503, http(port, get("/ruby")).status
-      assert_instance_of Serval::RequestTimeout, @raised.pop(timeout: 5)
+      assert_instance_of Serval::RequestTimeout, @raised.pop
       assert_equal 200, http(port, get("/fast")).status, "the one thread serves again"
     end
   end
@@ -137,7 +137,7 @@ class RequestTimeoutTest < Minitest::Test
     asked = Queue.new
     serve(request_timeout_grace: 0.2, replace_me: ->(reason) { asked << reason }) do |server, port|
       assert_equal 503, http(port, get("/sleep")).status
-      assert_match(%r{stuck request: GET /sleep}, asked.pop(timeout: 5))
+      assert_match(%r{stuck request: GET /sleep}, asked.pop)
       assert_equal 1, server.stats[:stuck_threads]
       release
     end
