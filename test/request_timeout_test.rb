@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "timeout"
 require "socket"
 require "support/http_wire"
 require "support/subprocess_server"
@@ -15,6 +16,12 @@ class RequestTimeoutTest < Minitest::Test
   include Serval::TestHelpers
   include Serval::HttpWire
   include Serval::SubprocessHelpers
+
+  # A bounded Queue#pop (Queue#pop(timeout:) is Ruby 3.2+; on 3.1 the hash
+  # reads as non_block and pops at once).
+  def pop_within(queue, seconds)
+    ::Timeout.timeout(seconds) { queue.pop }
+  end
 
   TIMEOUT = 0.3
 
@@ -116,7 +123,7 @@ class RequestTimeoutTest < Minitest::Test
   def test_raise_interrupts_the_thread_and_the_pool_recovers
     serve(request_timeout_raise: true, min_threads: 1, max_threads: 1) do |_server, port|
       assert_equal 503, http(port, get("/ruby")).status
-      assert_instance_of Serval::RequestTimeout, @raised.pop(timeout: 5)
+      assert_instance_of Serval::RequestTimeout, pop_within(@raised, 5)
       assert_equal 200, http(port, get("/fast")).status, "the one thread serves again"
     end
   end
@@ -137,7 +144,7 @@ class RequestTimeoutTest < Minitest::Test
     asked = Queue.new
     serve(request_timeout_grace: 0.2, replace_me: ->(reason) { asked << reason }) do |server, port|
       assert_equal 503, http(port, get("/sleep")).status
-      assert_match(%r{stuck request: GET /sleep}, asked.pop(timeout: 5))
+      assert_match(%r{stuck request: GET /sleep}, pop_within(asked, 5))
       assert_equal 1, server.stats[:stuck_threads]
       release
     end
