@@ -128,6 +128,56 @@ class RequestTimeoutTest < Minitest::Test
     end
   end
 
+  # The watchdog's raise reaches a request's thread only while that request
+  # is its own: one expired after it ended never hits the thread's next one.
+  # expire runs the given block (in the watchdog's thread, just before its
+  # raise would come) and answers true.
+  FakeRequest = Struct.new(:on_expire, :expired) do
+    def expire(_status, _message)
+      on_expire&.call
+      self.expired = true
+    end
+  end
+
+  def test_a_raise_never_reaches_the_threads_next_request
+    log = Serval::LogWriter.new(stdout: StringIO.new, stderr: StringIO.new)
+    dog = Serval::RequestTimeoutWatchdog.new(timeout: 1, raise_in_thread: true, grace: 30, log_writer: log)
+    registered = Queue.new
+    finish = Queue.new
+    finished = Queue.new
+    next_request = Queue.new
+    got = Queue.new
+    # the request ends between the watchdog's look at it and its raise
+    request = FakeRequest.new(lambda {
+      finish << true
+      pop_within(finished, 5)
+    })
+    worker = Thread.new do
+      dog.watch(request, { "PATH_INFO" => "/old" })
+      registered << true
+      finish.pop
+      dog.done
+      finished << true
+      next_request.pop # the thread's next request: nothing may be raised here
+      got << :clean
+    rescue Serval::RequestTimeout => e
+      got << e
+    end
+    pop_within(registered, 5)
+    dog.check(Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10)
+    next_request << true
+    assert_equal :clean, pop_within(got, 5)
+    worker.join(5)
+    dog.watch(req = FakeRequest.new, { "PATH_INFO" => "/mine" }) # the current thread, still in its request
+    assert_raises(Serval::RequestTimeout) do
+      Thread.handle_interrupt(Serval::RequestTimeout => :immediate) do
+        dog.check(Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10)
+        sleep 5 # interrupted at once by the pending raise
+      end
+    end
+    assert req.expired
+  end
+
   def test_off_by_default
     with_server(app, min_threads: 2, max_threads: 2) do |server, port|
       client = connect(port)
