@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "timeout"
 require "socket"
 require "support/http_wire"
 require "support/subprocess_server"
@@ -15,6 +16,12 @@ class RequestTimeoutTest < Minitest::Test
   include Serval::TestHelpers
   include Serval::HttpWire
   include Serval::SubprocessHelpers
+
+  # A bounded Queue#pop (Queue#pop(timeout:) is Ruby 3.2+; on 3.1 the hash
+  # reads as non_block and pops at once).
+  def pop_within(queue, seconds)
+    ::Timeout.timeout(seconds) { queue.pop }
+  end
 
   TIMEOUT = 0.3
 
@@ -116,9 +123,59 @@ class RequestTimeoutTest < Minitest::Test
   def test_raise_interrupts_the_thread_and_the_pool_recovers
     serve(request_timeout_raise: true, min_threads: 1, max_threads: 1) do |_server, port|
       assert_equal 503, http(port, get("/ruby")).status
-      assert_instance_of Serval::RequestTimeout, @raised.pop
+      assert_instance_of Serval::RequestTimeout, pop_within(@raised, 5)
       assert_equal 200, http(port, get("/fast")).status, "the one thread serves again"
     end
+  end
+
+  # The watchdog's raise reaches a request's thread only while that request
+  # is its own: one expired after it ended never hits the thread's next one.
+  # expire runs the given block (in the watchdog's thread, just before its
+  # raise would come) and answers true.
+  FakeRequest = Struct.new(:on_expire, :expired) do
+    def expire(_status, _message)
+      on_expire&.call
+      self.expired = true
+    end
+  end
+
+  def test_a_raise_never_reaches_the_threads_next_request
+    log = Serval::LogWriter.new(stdout: StringIO.new, stderr: StringIO.new)
+    dog = Serval::RequestTimeoutWatchdog.new(timeout: 1, raise_in_thread: true, grace: 30, log_writer: log)
+    registered = Queue.new
+    finish = Queue.new
+    finished = Queue.new
+    next_request = Queue.new
+    got = Queue.new
+    # the request ends between the watchdog's look at it and its raise
+    request = FakeRequest.new(lambda {
+      finish << true
+      pop_within(finished, 5)
+    })
+    worker = Thread.new do
+      dog.watch(request, { "PATH_INFO" => "/old" })
+      registered << true
+      finish.pop
+      dog.done
+      finished << true
+      next_request.pop # the thread's next request: nothing may be raised here
+      got << :clean
+    rescue Serval::RequestTimeout => e
+      got << e
+    end
+    pop_within(registered, 5)
+    dog.check(Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10)
+    next_request << true
+    assert_equal :clean, pop_within(got, 5)
+    worker.join(5)
+    dog.watch(req = FakeRequest.new, { "PATH_INFO" => "/mine" }) # the current thread, still in its request
+    assert_raises(Serval::RequestTimeout) do
+      Thread.handle_interrupt(Serval::RequestTimeout => :immediate) do
+        dog.check(Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10)
+        sleep 5 # interrupted at once by the pending raise
+      end
+    end
+    assert req.expired
   end
 
   def test_off_by_default
@@ -137,7 +194,7 @@ class RequestTimeoutTest < Minitest::Test
     asked = Queue.new
     serve(request_timeout_grace: 0.2, replace_me: ->(reason) { asked << reason }) do |server, port|
       assert_equal 503, http(port, get("/sleep")).status
-      assert_match(%r{stuck request: GET /sleep}, asked.pop)
+      assert_match(%r{stuck request: GET /sleep}, pop_within(asked, 5))
       assert_equal 1, server.stats[:stuck_threads]
       release
     end

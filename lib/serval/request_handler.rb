@@ -6,6 +6,7 @@ require "serval/hijack"
 require "serval/timing"
 require "serval/empty_input"
 require "serval/app_wrappers"
+require "serval/request_timeout"
 
 module Serval
   # Turns one native Request into a Rack call and its response.
@@ -41,6 +42,20 @@ module Serval
     # request has a body. A plain Array body is written by one C call
     # (Request#respond); ResponseWriter takes every other body.
     def call(request)
+      return serve(request) unless @watchdog
+
+      # request_timeout_raise: RequestTimeout may reach this thread only
+      # while the app runs (RequestTimeoutWatchdog#interruptible); one that
+      # comes as the request ends waits here and is absorbed, never reaching
+      # the thread's next request.
+      Thread.handle_interrupt(RequestTimeout => :never) { serve(request) }
+    rescue RequestTimeout
+      nil
+    end
+
+    private
+
+    def serve(request)
       started = Process.clock_gettime(Process::CLOCK_MONOTONIC) if @log_requests
       env = request.start(@template, @timing_every) # the env, and the timing begun (with timing on)
       @watchdog&.watch(request, env)
@@ -48,21 +63,19 @@ module Serval
         env[RACK_INPUT] = input = make_input(body)
       end
       env[RACK_EARLY_HINTS] = EarlyHints.new(request) if @early_hints
-      status = headers = error = written = nil
+      status = headers = error = nil
       begin
-        status, headers, body = @app.call(env)
-        # respond: a plain Array body written in one call (:array), a full hijack (true: nothing to
-        # write), else false: ResponseWriter takes the rest
-        written = request.respond(status, headers, body)
-        @writer.write(request, env, status, headers, body) unless written
+        if @watchdog
+          status, headers = @watchdog.interruptible { respond(request, env) }
+        else
+          status, headers = respond(request, env)
+        end
       rescue ConnectionError => e
         error = e
         request.abort
       rescue Exception => e
         error = e
         status, headers = @errors.respond(request, env, e)
-      ensure
-        close_body(body) unless written == :array # a plain Array: nothing to close
       end
       # ends the timing first (stats never lag the client), then sends the rest; the Timing of a
       # sampled request, else nil
@@ -82,7 +95,16 @@ module Serval
       input.close if input && input.is_a?(File)
     end
 
-    private
+    def respond(request, env)
+      status, headers, body = @app.call(env)
+      # respond: a plain Array body written in one call (:array), a full hijack (true: nothing to
+      # write), else false: ResponseWriter takes the rest
+      written = request.respond(status, headers, body)
+      @writer.write(request, env, status, headers, body) unless written
+      [status, headers]
+    ensure
+      close_body(body) unless written == :array # a plain Array: nothing to close
+    end
 
     def env_template(url_scheme = nil)
       # Every request sets these (Request#env in C): first in the template,

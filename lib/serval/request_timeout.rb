@@ -62,6 +62,12 @@ module Serval
       @mutex.synchronize { @entries[Thread.current] = entry }
     end
 
+    # Runs the block (the app's part of a request) with RequestTimeout let
+    # in; RequestHandler#call defers it everywhere else.
+    def interruptible(&block)
+      Thread.handle_interrupt(RequestTimeout => :immediate, &block)
+    end
+
     # The calling thread's request ended.
     def done
       @mutex.synchronize { @entries.delete(Thread.current) }
@@ -108,9 +114,19 @@ module Serval
       @mutex.synchronize { @timeouts += 1 }
       @log_writer.error("serval: #{describe(entry)} ran past request_timeout (#{format('%g', limit)}s); " +
                         (answered ? "answered #{status}" : "its response had begun, left to finish"))
-      entry.thread.raise(RequestTimeout, "request ran past request_timeout (#{format('%g', limit)}s)") if @raise && entry.thread.alive?
+      raise_in(entry, limit) if @raise
     rescue StandardError => e
       @log_writer.exception(e, "serval: request timeout")
+    end
+
+    # Only while the request is still the thread's own (under the mutex
+    # #done takes): never into the thread's next request.
+    def raise_in(entry, limit)
+      @mutex.synchronize do
+        next unless @entries[entry.thread].equal?(entry) && entry.thread.alive?
+
+        entry.thread.raise(RequestTimeout, "request ran past request_timeout (#{format('%g', limit)}s)")
+      end
     end
 
     def stuck(entry, limit)
