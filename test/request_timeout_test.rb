@@ -231,6 +231,7 @@ class RequestTimeoutTest < Minitest::Test
     assert_equal 503, http(server.port, get("/stuck")).status
     server.wait_for(/Worker 0 \(PID: #{first}\) recycled: asked: stuck request: GET \/stuck/, timeout: 10)
     server.wait_for_count(/Worker 0 \(PID: \d+\) booted/, 2, timeout: 15)
+    server.wait_for(/Worker 0 \(PID: #{first}\) stopped/, timeout: 15)
     refute_equal first, http(server.port, get("/")).body
   end
 end

@@ -105,6 +105,10 @@ class WorkerRecyclingTest < Minitest::Test
     40.times { get_pid(server.port, "/grow") } # 160 MB kept by the one worker
     server.wait_for(/Worker 0 \(PID: #{first}\) recycled: (PSS|RSS) \d+ MB >= 150 MB/, timeout: 20)
     server.wait_for_count(/Worker 0 \(PID: \d+\) booted/, 2, timeout: 20)
+    server.wait_for(/Worker 0 \(PID: #{first}\) stopped/, timeout: 20)
+    logs = server.stdout
+    assert_operator logs.index(/Worker 0 \(PID: (?!#{first}\))\d+\) booted/), :<, logs.index(/Worker 0 \(PID: #{first}\) stopped/),
+                    "the replacement boots before the old worker stops"
     refute_equal first, get_pid(server.port, "/"), "a new worker serves"
   end
 

@@ -856,6 +856,12 @@ static int conn_expired(sv_conn *c, double now, int draining)
     if (atomic_load(&c->owner) != SV_OWN_LOOP)
         return 0;
     if (draining && c->state == SV_ST_HEAD && c->in.len == 0) {
+        /* balance (cluster worker): a keep-alive connection whose last
+         * response just went out gets the same moment, so an active client's
+         * next request is answered (with connection: close) instead of
+         * meeting the close (bench/NOTES.md "Worker recycling") */
+        if (c->nreq > 0 && c->core->opt.balance)
+            return now > c->since + SV_DRAIN_FRESH_SECONDS;
         if (c->nreq > 0 || !c->core->opt.balance)
             return 1;
         /* balance (cluster worker): a connection accepted just before the

@@ -27,6 +27,7 @@ module Serval
       @wanted = options[:workers]
       @preload = options[:preload_app].nil? ? @wanted > 1 : options[:preload_app]
       @workers = {}          # index => WorkerHandle serving (or booting)
+      @replacing = {}        # index => the worker still serving while its replacement (in @workers) boots
       @retiring = []         # handles told to stop
       @phase = 0
       @failures = Hash.new(0)
@@ -131,7 +132,7 @@ module Serval
     def process_label = "master [#{Process.pid}]"
 
     def handles
-      @workers.values + @retiring
+      @workers.values + @replacing.values + @retiring
     end
 
     def ask_workers(command, timeout, **args)
@@ -166,6 +167,7 @@ module Serval
         @retiring.delete(handle)
         @recycler&.forget(pid)
         @workers.delete(handle.index) if @workers[handle.index].equal?(handle)
+        @replacing.delete(handle.index) if @replacing[handle.index].equal?(handle)
         if handle.stopping?
           @log_writer.info("- Worker #{handle.index} (PID: #{pid}) stopped (#{describe(status)})")
         elsif !@stopping
@@ -199,7 +201,7 @@ module Serval
 
     def check_deadlines
       t = now
-      @workers.each_value do |h|
+      (@workers.values + @replacing.values).each do |h|
         next if h.stopping? || t <= h.deadline(@options)
 
         what = h.booted? ? "no check-in for #{@options[:worker_timeout]}s" : "not booted after #{@options[:worker_boot_timeout]}s"
@@ -279,10 +281,12 @@ module Serval
     end
 
     # worker_max_requests / worker_max_memory / replace_me: one worker at a
-    # time, only while every wanted worker is booted and none is stopping, so
-    # its replacement (spawned at once by maintain) boots while it drains.
+    # time, only while every wanted worker is booted and none is stopping or
+    # being replaced. Its replacement boots first while it keeps serving;
+    # then it drains (step_replaced).
     def step_recycle
-      return if @stopping || !@retiring.empty?
+      step_replaced
+      return if @stopping || !@retiring.empty? || !@replacing.empty?
       return unless @workers.size == @wanted && @workers.values.all?(&:booted?)
 
       t = now
@@ -291,14 +295,23 @@ module Serval
         next unless kind
 
         @recycled[kind] += 1
-        @log_writer.info("- Worker #{h.index} (PID: #{h.pid}) recycled: #{why}")
-        retire(h)
+        @log_writer.info("- Worker #{h.index} (PID: #{h.pid}) recycled: #{why}; starting its replacement")
+        @replacing[h.index] = @workers.delete(h.index)
+        spawn_worker(h.index)
         return
       end
     end
 
+    # A replaced worker leaves once its replacement has booted (or at a stop).
+    def step_replaced
+      @replacing.each_value.select { |old| @stopping || @workers[old.index]&.booted? }.each do |old|
+        @replacing.delete(old.index)
+        retire(old)
+      end
+    end
+
     def retire(handle)
-      @workers.delete(handle.index)
+      @workers.delete(handle.index) if @workers[handle.index].equal?(handle)
       @retiring << handle
       handle.stop_sent_at = now
       @log_writer.info("- Stopping worker #{handle.index} (PID: #{handle.pid})")
@@ -340,7 +353,7 @@ module Serval
     def stop_serving(how)
       @stop_deadline = now + (how == :halt ? STOP_GRACE : @options[:drain_timeout] + STOP_GRACE)
       sig = how == :halt ? "INT" : "TERM"
-      @workers.each_value { |h| h.stop_sent_at ||= now }
+      (@workers.values + @replacing.values).each { |h| h.stop_sent_at ||= now }
       # A worker still booting has no request to drain (and may be stuck in a
       # hook): it is killed rather than waited for.
       handles.each { |h| h.signal(h.booted? ? sig : "KILL") }
