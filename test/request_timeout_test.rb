@@ -103,6 +103,22 @@ class RequestTimeoutTest < Minitest::Test
     end
   end
 
+  # The limit counts from when the request was queued: one that waited its
+  # whole limit for the only thread is answered 503 as soon as it is taken.
+  def test_time_waiting_for_a_thread_counts
+    serve(min_threads: 1, max_threads: 1) do |server, port|
+      stuck = connect(port)
+      stuck.write(get("/sleep"))
+      assert_equal 503, stuck.read_response.status
+      waiting = connect(port)
+      waiting.write(get("/fast")) # queued behind the stuck request
+      assert waiting.silent_for?(TIMEOUT * 1.5), "no thread free yet"
+      release
+      assert_equal 503, waiting.read_response.status
+      assert_equal 2, server.stats[:request_timeouts]
+    end
+  end
+
   def test_proxied_request_gets_504
     serve do |_server, port|
       response = http(port, get("/sleep", { "X-Forwarded-For" => "10.0.0.1" }))

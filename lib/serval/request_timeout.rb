@@ -57,9 +57,13 @@ module Serval
     end
 
     # The calling request thread starts serving request (its env built).
+    # The clock starts when the request was queued (complete, waiting for a
+    # thread), as its client's wait does.
     def watch(request, env)
-      entry = Entry.new(request, env, Thread.current, now, false, false)
+      queued = request.respond_to?(:queued_at) ? request.queued_at : 0.0
+      entry = Entry.new(request, env, Thread.current, queued.positive? ? queued : now, false, false)
       @mutex.synchronize { @entries[Thread.current] = entry }
+      expire(entry, @timeout) if now - entry.started >= @timeout # it waited its whole limit for a thread
     end
 
     # Runs the block (the app's part of a request) with RequestTimeout let
