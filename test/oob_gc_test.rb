@@ -39,18 +39,10 @@ class OobGcTest < Minitest::Test
     end
   end
 
-  def load_config(source)
-    Dir.mktmpdir do |dir|
-      file = File.join(dir, "c.rb")
-      File.write(file, source)
-      Serval::Configuration.load(cli: {}, config_file: file, warn: ->(_) {}, env: {})
-    end
-  end
-
   def test_config_values
-    assert_equal 1, load_config("oob_gc\n")[:oob_gc]
-    assert_equal 50, load_config("oob_gc 50\n")[:oob_gc]
-    assert_nil load_config("oob_gc false\n")[:oob_gc]
-    assert_match(/oob_gc/, assert_raises(Serval::ConfigError) { load_config("oob_gc 0\n") }.message)
+    assert_equal 1, config_from("oob_gc\n")[:oob_gc]
+    assert_equal 50, config_from("oob_gc 50\n")[:oob_gc]
+    assert_nil config_from("oob_gc false\n")[:oob_gc]
+    assert_match(/oob_gc/, assert_raises(Serval::ConfigError) { config_from("oob_gc 0\n") }.message)
   end
 end

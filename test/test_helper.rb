@@ -11,6 +11,7 @@ end
 require "minitest/autorun"
 require "socket"
 require "stringio"
+require "tmpdir"
 require "serval/version"
 require "serval/errors"
 require "serval/configuration"
@@ -115,6 +116,17 @@ module Serval
       client.read_all
     ensure
       client&.close
+    end
+
+    # The options a config file with this text gives (no environment
+    # variables read); raises Serval::ConfigError as a boot would.
+    def config_from(source)
+      require "serval/configuration"
+      Dir.mktmpdir do |dir|
+        file = File.join(dir, "c.rb")
+        File.write(file, source)
+        Serval::Configuration.load(cli: {}, config_file: file, warn: ->(_) {}, env: {})
+      end
     end
 
     # The captured server log of the last with_server, printed on failure.
