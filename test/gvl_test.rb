@@ -139,7 +139,10 @@ class GVLTest < Minitest::Test
     with_server(app, max_threads: 1, timing_sample_rate: 1.0) do |_server, port|
       LINK_CASES.each do |delay, gap, idle, stall|
         tries = []
-        3.times do
+        # The classification depends on the OS scheduling the request's
+        # thread within ~100 us of its GVL wait; on a loaded shared machine
+        # that fails now and then (CI: 3 misses in a row once), so up to 8 tries.
+        8.times do
           params << [delay, gap]
           assert_equal 200, get(port).status
           t = seen.pop
