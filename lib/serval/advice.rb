@@ -30,8 +30,10 @@ module Serval
       min_requests: 300,        # fewer measured requests: no numbers, say how many are needed
       knee_fraction: 0.95,      # the knee: fewest threads reaching this share of the sweep's best req/s
       sweep_max: 16,            # thread counts simulated: 1..sweep_max
-      sim_requests: 20_000,     # requests simulated per point
-      load_requests: 100_000,   # requests simulated per open-loop point (a p99 near capacity needs more)
+      # requests simulated per point: at 10k / 50k the advice on 29 recorded windows moves from 20k / 100k's
+      # by less than 20k / 100k's own moves with another seed (bench/advice_speed, bench/NOTES.md)
+      sim_requests: 10_000,     # requests simulated per point
+      load_requests: 50_000,    # requests simulated per open-loop point (a p99 near capacity needs more)
       seed: 1,
       quantum: Simulation::QUANTUM,
       memory_headroom: 0.2,     # share of the memory budget left free

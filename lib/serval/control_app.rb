@@ -210,14 +210,17 @@ module Serval
 
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
-    # The advice's model runs in a child process at nice 19, not in the
-    # serving process's GVL (Auto::ModelProcess); one per control app,
-    # started on the first /advice, ended with this process.
+    # The advice's model runs in a child process, not in the serving
+    # process's GVL (Auto::ModelProcess); one per control app, started on
+    # the first /advice, ended with this process. Someone waits for this
+    # answer: the child takes a fair share of a busy CPU (priority :batch,
+    # about a second of CPU per advice), where the advice log's idle one
+    # would wait for the server to leave the CPU idle.
     def model_process
       return @runner if @runner
 
       require "serval/auto/model_process"
-      @model_process ||= Auto::ModelProcess.new
+      @model_process ||= Auto::ModelProcess.new(priority: :batch)
     end
 
     def advice_options(params)

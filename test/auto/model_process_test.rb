@@ -30,6 +30,19 @@ class AutoModelProcessTest < Minitest::Test
     assert_nil @process.call({ requests: 3, samples: [] }, max: 4), "too few requests: nil, as in-process"
   end
 
+  # The control app's child (someone waits for its advice): nice 0 and
+  # SCHED_BATCH, a fair share of a busy CPU without preempting requests.
+  def test_a_batch_child_runs_at_nice_0_and_sched_batch
+    batch = Serval::Auto::ModelProcess.new(timeout: 60, priority: :batch)
+    refute_nil batch.call(@window, max: 4)
+    stat = File.read("/proc/#{batch.pid}/stat").split(") ").last.split
+    assert_equal [Process.getpriority(Process::PRIO_PROCESS, 0), 0].max, stat[16].to_i # 0 unless this runs niced
+    assert_equal 3, stat[38].to_i, "the thread that runs the model is SCHED_BATCH" if RUBY_PLATFORM.include?("linux")
+    assert_raises(ArgumentError) { Serval::Auto::ModelProcess.new(priority: :now) }
+  ensure
+    batch&.stop
+  end
+
   def test_the_child_gives_the_advice_this_process_gives
     require "serval/advice"
     options = { machine: { cpus: 2.0, cpu_source: "test" }, sim_requests: 2000, load_requests: 2000 }

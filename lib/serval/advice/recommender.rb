@@ -112,7 +112,7 @@ module Serval
                            other_threads: @window.pools.map { |p| p[:other_threads] }.max || 0)
         @warnings.concat(db.delete(:warnings))
         share = workload.cpu_share
-        range = threads_range(workload, sim, threads, pool)
+        range = threads_range(workload, sim, threads, pool, knee)
         result = base.merge(
           enough_data: true, threads: threads, threads_range: range && range[:threads],
           range: range && range.except(:threads), processes: procs[:processes], cpu_share: share.round(4),
@@ -210,7 +210,7 @@ module Serval
       # (fewer threads) and shorter (more), each swept like the answer
       # itself, capped by the same pool. The answer stays the middle
       # estimate; the range says how far the window's own data leaves it.
-      def threads_range(workload, sim, threads, pool)
+      def threads_range(workload, sim, threads, pool, knee)
         return nil unless @s[:range]
 
         run_key = @window.samples.any? { |s| s[:run] } ? :run : :cpu
@@ -219,7 +219,7 @@ module Serval
         k = workload.ratio_within(basis: basis) or return nil
 
         max = [@s[:sweep_max], @window.max_threads || 0].max
-        knees = [1 + k, 1 - k].map { |f| Sweep.new(sim.scaled(f), max: max, fraction: @s[:knee_fraction]).knee }
+        knees = [1 + k, 1 - k].map { |f| Sweep.new(sim.scaled(f), max: max, fraction: @s[:knee_fraction], near: knee).knee }
         knees = knees.map { |t| [t, pool[:size]].min } if pool&.dig(:binds) || (pool && knees.max > pool[:size])
         lo = [knees.min, threads].min
         hi = [knees.max, threads].max

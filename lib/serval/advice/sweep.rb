@@ -15,40 +15,58 @@ module Serval
     # even that stays below knee / fraction, the knee is final. Rows past the
     # stop are simulated when asked for (#at), so a thread count the advice
     # names (running threads, the pool's size) always has its row.
+    #
+    # `near`: a knee found before on nearly the same requests (the advice's
+    # own, for the same requests a few per cent slower or faster): only the
+    # knee is wanted, so the sweep starts one row below it and walks down a
+    # row at a time only while its lowest row still reaches the fraction.
+    # Below the knee req/s rises with threads, so the rows skipped could
+    # not have been the knee; the stopping rule is the same (MIN_ROWS,
+    # TAIL, the gains bound), so it ends where the sweep from one thread
+    # would and finds the same best and knee (test/advice/sweep_near_test.rb).
     class Sweep
       MIN_ROWS = 8
       TAIL = 3
 
-      attr_reader :rows, :max
+      attr_reader :max
 
-      def initialize(simulation, max:, fraction:, early_stop: true)
+      def initialize(simulation, max:, fraction:, early_stop: true, near: nil)
         raise ArgumentError, "fraction must be within (0, 1]" unless fraction.positive? && fraction <= 1
 
         @simulation = simulation
         @fraction = fraction
         @max = max
-        @rows = []
-        (1..max).each do |t|
-          @rows << simulation.closed(t)
+        @low = near ? (near - 1).clamp(1, max) : 1 # the lowest row simulated
+        @by = {} # threads => row
+        (@low..max).each do |t|
+          @by[t] = simulation.closed(t)
           break if early_stop && settled?
+        end
+        while @low > 1 && knee == @low
+          @low -= 1
+          @by[@low] = simulation.closed(@low)
         end
       end
 
-      def best = @rows.map(&:rps).max
-      def knee = @rows.find { |r| r.rps >= @fraction * best }.threads
+      # The rows simulated, by thread count (from 1 unless `near`).
+      def rows = @by.keys.sort.map { |t| @by[t] }
+
+      def best = @by.each_value.map(&:rps).max
+      def knee = rows.find { |r| r.rps >= @fraction * best }.threads
       # Whether the sweep stopped before max (rows past it were not simulated).
-      def stopped_early? = @rows.size < @max
+      def stopped_early? = top < @max
 
       def at(threads)
-        @rows << @simulation.closed(@rows.size + 1) while @rows.size < threads
-        @rows[threads - 1]
+        @by[top + 1] = @simulation.closed(top + 1) while top < threads
+        @by[threads] ||= @simulation.closed(threads)
       end
 
       # The table servalctl advise prints: predicted req/s, gain over one
       # thread fewer, stall and latency at saturation.
       def table
-        @rows.each_with_index.map do |r, i|
-          gain = i.zero? ? nil : ((r.rps / @rows[i - 1].rps) - 1).round(4)
+        list = rows
+        list.each_with_index.map do |r, i|
+          gain = i.zero? ? nil : ((r.rps / list[i - 1].rps) - 1).round(4)
           { threads: r.threads, rps: r.rps.round(2), gain: gain, stall_mean: r.stall_mean.round(6),
             wall_p50: r.wall_p50.round(6), wall_p99: r.wall_p99.round(6), gvl_busy: r.gvl_busy.round(4) }
         end
@@ -56,16 +74,19 @@ module Serval
 
       private
 
+      def top = @by.keys.max
+
       def settled?
-        n = @rows.size
+        n = top
         return false if n < MIN_ROWS || n >= @max
 
         k = knee
         return false if n < k + TAIL
 
-        gains = [@rows[-1].rps - @rows[-2].rps, @rows[-2].rps - @rows[-3].rps, 0.0]
+        last = [n, n - 1, n - 2].map { |t| @by[t].rps }
+        gains = [last[0] - last[1], last[1] - last[2], 0.0]
         bound = best + ((@max - n) * gains.max)
-        @fraction * bound < @rows[k - 1].rps
+        @fraction * bound < @by[k].rps
       end
     end
   end

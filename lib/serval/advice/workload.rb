@@ -123,11 +123,14 @@ module Serval
         [1.96 * Math.sqrt(var / m) / mean_io / r, 0.5].min
       end
 
-      # n request profiles, reproducible for a given rng.
+      # n request profiles, reproducible for a given rng. A measured request
+      # drawn again is the same profile (the same Array: the Simulation only
+      # reads them), reshaped once.
       def profiles(n, rng)
+        shaped = {}.compare_by_identity
         Array.new(n) do
-          run, io, shape = totals(rng)
-          shape ? reshape(shape, run, io) : segments(run, io, rng)
+          run, io, shape = pair = totals(rng)
+          shape ? (shaped[pair] ||= reshape(shape, run, io)) : segments(run, io, rng)
         end
       end
 

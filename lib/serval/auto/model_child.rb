@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
-# The child of Serval::Auto::ModelProcess: `ruby -I lib model_child.rb NICE`.
+# The child of Serval::Auto::ModelProcess: `ruby -I lib model_child.rb NICE [POLICY]`
+# (POLICY idle, the default, or batch).
 # Reads [kind, window, options] Marshal frames (4-byte big-endian length,
 # then the data) on stdin, answers each with Auto::Model.call's result
 # (kind :model) or Serval::Advice.recommend's (kind :advice), or
@@ -19,22 +20,28 @@ rescue SystemCallError
   nil # not allowed: run at the inherited priority
 end
 
-# On Linux, also the idle scheduling policy (SCHED_IDLE, 5) for this thread,
-# the one that runs the model: a request thread that wakes while the model
-# runs on the server's CPU takes the CPU at once, where at nice 19 alone it
-# can wait for the end of the child's slice. Through Fiddle (Ruby's own FFI);
-# without it, or not allowed, nice 19 stays.
-def idle_policy
+# On Linux, also a scheduling policy for this thread, the one that runs the
+# model. idle (SCHED_IDLE, 5: the advice log's and threads :auto's checks):
+# a request thread that wakes while the model runs on the server's CPU
+# takes the CPU at once, where at nice 19 alone it can wait for the end of
+# the child's slice; the model runs only in the CPU time the server leaves.
+# batch (SCHED_BATCH, 3: an advice someone asked for and waits for): a fair
+# share of a busy CPU, so the answer comes in seconds, but never preempting
+# a waking request thread. Through Fiddle (Ruby's own FFI); without it, or
+# not allowed, the nice value alone stays.
+POLICIES = { "idle" => 5, "batch" => 3 }.freeze
+
+def scheduling_policy(name)
   return unless RUBY_PLATFORM.include?("linux")
 
   require "fiddle"
   set = Fiddle::Function.new(Fiddle::Handle::DEFAULT["sched_setscheduler"],
                              [Fiddle::TYPE_INT, Fiddle::TYPE_INT, Fiddle::TYPE_VOIDP], Fiddle::TYPE_INT)
-  set.call(0, 5, [0].pack("i")) # sched_param { sched_priority = 0 }
+  set.call(0, POLICIES.fetch(name, POLICIES["idle"]), [0].pack("i")) # sched_param { sched_priority = 0 }
 rescue LoadError, StandardError
   nil
 end
-idle_policy
+scheduling_policy(ARGV[1] || "idle")
 
 # The model is a tight numeric loop: YJIT (Ruby 3.3+, when built in) runs it
 # in about half the CPU time. Only this child, never the server.

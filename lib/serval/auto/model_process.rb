@@ -28,8 +28,14 @@ module Serval
     # exits at EOF, so it ends with the process that started it. Any failure
     # raises ModelProcessError and stops the child; the next call starts a
     # new one. Calls from several threads take turns (one child, one pipe).
+    #
+    # priority: :idle (nice 19 and SCHED_IDLE, above: checks nobody waits
+    # for) or :batch (nice 0 and SCHED_BATCH: the control app's /advice,
+    # which someone waits for; a fair share of a busy CPU, about a second
+    # of it per advice, without preempting a request thread that wakes).
     class ModelProcess
       NICE = 19
+      PRIORITIES = { idle: [NICE, "idle"], batch: [0, "batch"] }.freeze
       TIMEOUT = 30.0 # seconds for one answer (a model run takes well under one)
       CHILD = File.expand_path("model_child.rb", __dir__)
       LIB = File.expand_path("../..", __dir__)
@@ -37,8 +43,9 @@ module Serval
 
       attr_reader :pid
 
-      def initialize(timeout: TIMEOUT)
+      def initialize(timeout: TIMEOUT, priority: :idle)
         @timeout = timeout
+        @priority = PRIORITIES.fetch(priority) { raise ArgumentError, "priority is :idle or :batch" }
         @pid = nil
         @lock = Monitor.new
       end
@@ -97,8 +104,9 @@ module Serval
       def start
         child_in, @to = IO.pipe
         @from, child_out = IO.pipe
-        @pid = Process.spawn(RbConfig.ruby, "-I", LIB, CHILD, NICE.to_s, in: child_in, out: child_out,
-                                                                            err: :err, close_others: true)
+        nice, policy = @priority
+        @pid = Process.spawn(RbConfig.ruby, "-I", LIB, CHILD, nice.to_s, policy, in: child_in, out: child_out,
+                                                                                  err: :err, close_others: true)
         child_in.close
         child_out.close
         @to.binmode
