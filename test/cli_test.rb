@@ -145,10 +145,10 @@ class CLITest < Minitest::Test
   def test_config_file_with_unsupported_options_warns_and_boots
     files = {
       "config.ru" => Serval::SubprocessServer::HELLO,
-      "config/serval.rb" => "workers 2\nplugin :tmp_restart\nfork_worker\nbind 'tcp://127.0.0.1:0'\n"
+      "config/serval.rb" => "workers 2\nplugin :tmp_restart\ndrain_on_shutdown\nbind 'tcp://127.0.0.1:0'\n"
     }
     server = spawn_server([], files: files).boot
-    assert_includes server.stderr, "serval: config option `fork_worker` is not supported yet and is ignored"
+    assert_includes server.stderr, "serval: config option `drain_on_shutdown` is not supported yet and is ignored"
     refute_includes server.stderr, "plugin `tmp_restart`"
     assert_match(%r{\AHTTP/1\.1 200 }, raw_request(server.port, GET))
     assert_equal 0, server.stop.exitstatus

@@ -42,7 +42,7 @@ class CommandsTest < Minitest::Test
   def test_worker_signals
     dump = Serval::Commands::DUMP_SIGNAL
     expected = { "TERM" => :stop, "QUIT" => :stop, "INT" => :halt, "HUP" => :reopen_logs, dump => :dump_threads,
-                 "USR1" => :ignore, "USR2" => :ignore, "TTIN" => :ignore, "TTOU" => :ignore, "CHLD" => :ignore }
+                 "USR1" => :ignore, "USR2" => :ignore, "URG" => :ignore, "TTIN" => :ignore, "TTOU" => :ignore, "CHLD" => :ignore }
     assert_equal expected, Serval::Signals::WORKER
     assert_equal Serval::Commands::SIGNALS.merge("CHLD" => :child), Serval::Signals::MASTER
     refute Serval::Signals::SINGLE.key?("CHLD")

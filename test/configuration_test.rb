@@ -123,11 +123,12 @@ class ConfigurationTest < Minitest::Test
       preload_app!
       plugin :tmp_restart
       on_worker_boot { puts "never" }
-      fork_worker
+      drain_on_shutdown
       worker_timeout 60
     RUBY
     assert_equal Serval::Configuration::DEFAULTS[:binds], options[:binds]
-    assert_equal ["serval: config option `fork_worker` is not supported yet and is ignored (refork issue)"], @warnings
+    assert_equal 1, @warnings.size
+    assert_match(/\Aserval: config option `drain_on_shutdown` is not supported yet and is ignored \(/, @warnings.first)
     assert_equal [2, true, 60.0, 1], options.values_at(:workers, :preload_app, :worker_timeout).push(options[:before_worker_boot].size)
     assert_equal ["tmp_restart"], options[:plugins]
   end

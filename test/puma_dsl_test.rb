@@ -75,7 +75,8 @@ class PumaDSLTest < Minitest::Test
     options = load_config("fork_worker\ndrain_on_shutdown\nbind_to_activated_sockets 'only'\nworker_culling_strategy :oldest")
     assert options[:activated_sockets_only] # implemented (test/systemd_test.rb), no warning
     assert_equal :oldest, options[:worker_culling_strategy] # implemented (test/signals_test.rb), no warning
-    assert_equal %w[fork_worker drain_on_shutdown],
+    assert_equal 1000, options[:fork_worker] # implemented (test/refork_test.rb), no warning
+    assert_equal %w[drain_on_shutdown],
                  @warnings.map { |w| w[/config option `(\w+)` is not supported yet/, 1] }
     assert_config_error(/worker_culling_strategy: expected one of :youngest, :oldest/, "worker_culling_strategy :random")
   end
@@ -199,11 +200,10 @@ class PumaDSLTest < Minitest::Test
                /\Aserval: wait_for_less_busy_worker 0\.005 -> gvl_balance true\z/,
                /\Aserval: max_fast_inline 10 -> max_keepalive_requests 10\z/,
                /\Aserval: max_keep_alive 100 -> max_keepalive_requests 100\z/,
-               /\Aserval: `io_selector_backend` has no effect in Serval/,
-               /\Aserval: config option `fork_worker` is not supported yet and is ignored \(refork issue\)\z/]
+               /\Aserval: `io_selector_backend` has no effect in Serval/]
     noisy = lines.select { |l| l.match?(/ignored|not supported|has no effect|->/) }
     assert_equal [], noisy.reject { |l| allowed.any? { |re| l.match?(re) } }, server.logs
-    assert_equal 6, noisy.size, server.logs
+    assert_equal 5, noisy.size, server.logs
   ensure
     server&.cleanup(passed?)
   end

@@ -171,6 +171,9 @@ module Serval
       o.separator "Cluster mode (docs/signals.md):"
       on(o, "-w", "--workers N", "Forked worker processes, or auto (0 = single mode; default $WEB_CONCURRENCY or 0)") { |v| @dsl.workers(v) }
       on(o, "--preload", "Load the app in the master before forking (default with -w > 1)") { @dsl.preload_app! }
+      on(o, "--fork-worker [N]", "Refork workers from a warmed worker after N requests (default 1000)") do |v|
+        @dsl.fork_worker(v.nil? ? 1000 : v)
+      end
       # two flags, not --[no-]: optparse 0.4's require_exact rejects the --no- form
       on(o, "--gvl-balance", "A GVL-bound worker leaves new and keep-alive connections to idle siblings (default)") { @dsl.gvl_balance(true) }
       on(o, "--no-gvl-balance", "Turn that off (docs/tuning.md \"Balancing workers\")") { @dsl.gvl_balance(false) }
@@ -181,8 +184,6 @@ module Serval
       on(o, "--redirect-stdout FILE", "Send stdout to FILE (reopened on HUP)") { |v| @dsl.stdout_redirect(v, @cli[:redirect_stderr], @cli[:redirect_append]) }
       on(o, "--redirect-stderr FILE", "Send stderr to FILE (reopened on HUP)") { |v| @dsl.stdout_redirect(@cli[:redirect_stdout], v, @cli[:redirect_append]) }
       on(o, "--redirect-append", "Append to the redirect files instead of truncating them") { @dsl.stdout_redirect(@cli[:redirect_stdout], @cli[:redirect_stderr], true) }
-      o.separator "Accepted from Puma, not supported yet (warn only):"
-      on(o, "--fork-worker [N]", "Refork from worker 0") { @dsl.fork_worker }
     end
 
     # o.on, recording the flag as the source of what its block sets.

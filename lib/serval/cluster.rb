@@ -6,6 +6,7 @@ require "serval/cluster/worker"
 require "serval/cluster/command_channel"
 require "serval/cluster/load_table"
 require "serval/cluster/recycler"
+require "serval/cluster/refork"
 
 module Serval
   # Cluster mode: a master that serves nothing. It binds, (pre)loads the app,
@@ -15,6 +16,8 @@ module Serval
   # file under cluster/ names the superclass too, so any of them may be
   # loaded first.)
   class Cluster < Supervisor
+    include Refork
+
     MODE = "cluster"
     SIGNALS = Signals::MASTER
     BACKOFF_MAX = 30.0        # seconds between respawns of a crash-looping worker
@@ -36,6 +39,8 @@ module Serval
       @recycled = Hash.new(0) # why => count (worker_max_requests, worker_max_memory, replace_me)
       @recycler = Recycler.new(max_requests: options[:worker_max_requests], jitter: options[:worker_max_requests_jitter],
                                max_memory: options[:worker_max_memory], interval: options[:worker_check_interval])
+      @unknown_exits = {} # pid => status of a reaped child not (yet) known as a worker (a mold's fork)
+      refork_setup
     end
 
     def stats
@@ -43,7 +48,7 @@ module Serval
       { started_at: @started_at, workers: handles.size, phase: @phase,
         booted_workers: handles.count(&:booted?), old_workers: handles.count { |h| h.phase != @phase },
         workers_recycled: @recycled.values.sum, workers_recycled_by: @recycled.dup,
-        worker_status: handles.map(&:stats) }
+        worker_status: handles.reject { |h| h.equal?(@mold) }.map(&:stats), **refork_stats }
     end
 
     # A GVL trace of every booted worker, recorded at the same time and merged
@@ -132,7 +137,7 @@ module Serval
     def process_label = "master [#{Process.pid}]"
 
     def handles
-      @workers.values + @replacing.values + @retiring
+      [*@workers.values, *@replacing.values, *@retiring, *@mold]
     end
 
     def ask_workers(command, timeout, **args)
@@ -160,24 +165,37 @@ module Serval
         break unless pid
 
         handle = handles.find { |h| h.pid == pid }
-        next unless handle
-
-        handle.exit_status = status
-        handle.close
-        @retiring.delete(handle)
-        @recycler&.forget(pid)
-        @workers.delete(handle.index) if @workers[handle.index].equal?(handle)
-        @replacing.delete(handle.index) if @replacing[handle.index].equal?(handle)
-        if handle.stopping?
-          @log_writer.info("- Worker #{handle.index} (PID: #{pid}) stopped (#{describe(status)})")
-        elsif !@stopping
-          crashed(handle)
+        unless handle
+          @unknown_exits.shift while @unknown_exits.size >= 64
+          @unknown_exits[pid] = status # a worker the mold forked may exit before its pid is known
+          next
         end
-        @options[:after_worker_shutdown].each { |hook| hook.call(handle) }
-        update_title
+
+        exited(handle, status)
       end
     rescue Errno::ECHILD
       nil
+    end
+
+    # A reaped worker (or the mold): forgotten, logged, respawned later by
+    # maintain unless it was told to stop.
+    def exited(handle, status)
+      pid = handle.pid
+      handle.exit_status = status
+      handle.close
+      @retiring.delete(handle)
+      @recycler&.forget(pid)
+      return if mold_exited(handle)
+
+      @workers.delete(handle.index) if @workers[handle.index].equal?(handle)
+      @replacing.delete(handle.index) if @replacing[handle.index].equal?(handle)
+      if handle.stopping?
+        @log_writer.info("- Worker #{handle.index} (PID: #{pid}) stopped (#{describe(status)})")
+      elsif !@stopping
+        crashed(handle)
+      end
+      @options[:after_worker_shutdown].each { |hook| hook.call(handle) }
+      update_title
     end
 
     # Exponential backoff per worker index: the first respawn is immediate,
@@ -235,6 +253,7 @@ module Serval
       @options[:worker_culling_strategy] == :oldest ? maintain_oldest : maintain_youngest
       step_phased_restart
       step_recycle
+      step_refork
     end
 
     # :youngest (the default): workers 0...wanted; fewer wanted stops the
@@ -251,7 +270,7 @@ module Serval
     # no worker (running or stopping) holds.
     def maintain_oldest
       retire(@workers.values.min_by(&:spawned_at)) while @workers.size > @wanted
-      taken = handles.map(&:index)
+      taken = handles.reject { |h| h.equal?(@mold) }.map(&:index)
       (@wanted - @workers.size).times do
         index = (0..).find { |i| !taken.include?(i) }
         taken << index
@@ -270,6 +289,7 @@ module Serval
     # USR1: one old worker at a time, once every current worker is booted.
     def on_phased_restart
       @phase += 1
+      end_mold # workers fork from the master again (without preload_app, with the new code)
       @log_writer.info("- Phased restart to phase #{@phase}#{@preload ? ' (preloaded: app code is not reloaded)' : ''}")
     end
 
@@ -318,7 +338,11 @@ module Serval
       handle.signal("TERM") # the worker runs before_worker_shutdown on it
     end
 
+    # From the mold when one is ready (fork_worker), else from here; a
+    # worker whose mold is still draining waits for it.
     def spawn_worker(index)
+      return if mold_pending?
+
       status_r, status_w = IO.pipe
       control_m, control_w = CommandChannel.pair
       others = handles.flat_map { |h| [h.status_io, h.control_io] }
@@ -327,33 +351,27 @@ module Serval
       rescue StandardError => e
         @log_writer.exception(e, "serval: before_worker_fork hook failed")
       end
-      pid = Process.fork { worker_main(index, status_w, control_w, [status_r, control_m, *others]) }
+      pid = fork_from_mold(index, [status_w, control_w])
+      generation = pid ? @generation : 0
+      pid ||= Process.fork { worker_main(index, status_w, control_w, [status_r, control_m, *others]) }
       status_w.close
       control_w.close
-      @workers[index] = WorkerHandle.new(pid: pid, index: index, phase: @phase, status_io: status_r,
-                                         control_io: control_m, now: now)
+      @workers[index] = handle = WorkerHandle.new(pid: pid, index: index, phase: @phase, status_io: status_r,
+                                                  control_io: control_m, now: now, generation: generation)
+      exited(handle, @unknown_exits.delete(pid)) if @unknown_exits.key?(pid)
     end
 
     def worker_main(index, status_w, control_w, close_ios)
-      code = 1
-      begin
-        close_ios.each { |io| io.close unless io.closed? }
-        @signals.close
-        code = Worker.new(index: index, options: @options, app: @app, binder: @binder, log_writer: @log_writer,
-                          status_io: status_w, control_io: control_w, load_table: @load_table).run
-      rescue Exception => e
-        @log_writer.exception(e, "serval: worker #{index} failed")
-      end
-      $stdout.flush
-      $stderr.flush
-      Process.exit!(code)
+      Worker.main(close_ios, @signals, index: index, options: @options, app: @app, binder: @binder,
+                                       log_writer: @log_writer, status_io: status_w, control_io: control_w,
+                                       load_table: @load_table)
     end
 
     # Every worker drains (TERM) or halts (INT); #finish_stop waits for them.
     def stop_serving(how)
       @stop_deadline = now + (how == :halt ? STOP_GRACE : @options[:drain_timeout] + STOP_GRACE)
       sig = how == :halt ? "INT" : "TERM"
-      (@workers.values + @replacing.values).each { |h| h.stop_sent_at ||= now }
+      (@workers.values + @replacing.values + [*@mold]).each { |h| h.stop_sent_at ||= now }
       # A worker still booting has no request to drain (and may be stuck in a
       # hook): it is killed rather than waited for.
       handles.each { |h| h.signal(h.booted? ? sig : "KILL") }

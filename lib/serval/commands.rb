@@ -24,6 +24,7 @@ module Serval
       halt: [%w[INT], "/halt", :every],
       restart: [%w[USR2], "/restart", :supervisor],
       phased_restart: [%w[USR1], "/phased-restart", :cluster],
+      refork: [%w[URG], "/refork", :cluster],
       reopen_logs: [%w[HUP], "/reopen-logs", :every],
       add_worker: [%w[TTIN], nil, :cluster],
       remove_worker: [%w[TTOU], nil, :cluster],
@@ -32,8 +33,9 @@ module Serval
 
     # Commands only the process itself queues: :child (SIGCHLD in the
     # cluster master), :stopped (single mode's server ended), :ignore (a
-    # master's signal that reached a worker).
-    INTERNAL = %i[child stopped ignore].freeze
+    # master's signal that reached a worker), :mold (a worker the master
+    # asked to become the mold).
+    INTERNAL = %i[child stopped ignore mold].freeze
 
     # control path => the control app's method answering it
     QUERIES = {

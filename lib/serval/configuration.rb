@@ -76,6 +76,7 @@ module Serval
       request_timeout_raise: false,    # also raise Serval::RequestTimeout in its thread
       request_timeout_grace: 10.0,     # a thread not back this long after: stuck (cluster: worker replaced)
       oob_gc: nil,                     # N: GC.start when idle, once per N requests (true: 1)
+      fork_worker: nil,                # refork from a warmed worker after N requests of worker 0 (0: on command only)
       before_fork: [].freeze,
       before_worker_boot: [].freeze,
       after_worker_boot: [].freeze,
@@ -85,7 +86,7 @@ module Serval
       after_booted: [].freeze,     # Puma's lifecycle hooks (lib/serval/events.rb)
       before_restart: [].freeze,
       after_stopped: [].freeze,
-      before_refork: [].freeze,    # accepted; runs once refork exists (fork_worker)
+      before_refork: [].freeze,    # in the mold, before and after it forks a worker (fork_worker)
       after_refork: [].freeze,
       before_thread_start: [].freeze, # in each request thread (ThreadPool)
       before_thread_exit: [].freeze,
@@ -195,6 +196,7 @@ module Serval
       request_timeout_raise: [:bool],
       request_timeout_grace: [:seconds, 0.0, DAY],
       oob_gc: [:int_or_nil, 1, 1 << 30],
+      fork_worker: [:int_or_nil, 0, 1 << 62],
       before_fork: [:hooks], before_worker_boot: [:hooks], after_worker_boot: [:hooks],
       before_worker_shutdown: [:hooks], after_worker_shutdown: [:hooks],
       before_worker_fork: [:hooks], after_booted: [:hooks], before_restart: [:hooks], after_stopped: [:hooks],

@@ -124,6 +124,11 @@ module Serval
         key ? "#{config_origin(config, key)} #{key}" : "Active Record default"
       end
 
+      # Closes every pool's connections (the refork mold, before it forks).
+      def disconnect_all
+        pools.each(&:disconnect!)
+      end
+
       private
 
       def meter

@@ -211,8 +211,11 @@ module Serval
       store(:activated_sockets_only, bind.to_s == "only")
     end
 
-    def fork_worker(_after_requests = 1000)
-      not_yet(:fork_worker, "refork issue")
+    # Refork (docs/configuration.md): after worker 0 has served
+    # after_requests requests, and on the refork command (SIGURG); 0: only
+    # on the command; false: off.
+    def fork_worker(after_requests = 1000)
+      store(:fork_worker, after_requests == false ? nil : after_requests)
     end
 
     NO_EFFECT.each do |name, reason|

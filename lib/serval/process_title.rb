@@ -7,6 +7,7 @@ module Serval
   #
   #   serval 0.1.0 (tcp://0.0.0.0:9292) [tag] cluster: 2/2 workers
   #   serval: worker 0 [tag] 3/5 threads busy, 1234 requests
+  #   serval: mold (from worker 0) [tag]
   module ProcessTitle
     module_function
 
@@ -23,6 +24,12 @@ module Serval
       if stats
         title << " #{stats[:busy_threads]}/#{stats[:max_threads]} threads busy, #{stats[:requests_count]} requests"
       end
+      set(title)
+    end
+
+    def mold(index, tag)
+      title = +"serval: mold (from worker #{index})"
+      title << " [#{tag}]" if tag
       set(title)
     end
 

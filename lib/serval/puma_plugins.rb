@@ -21,7 +21,7 @@ module Serval
   # Events, both Puma's 7/8 and 5/6 names), log_writer (log, write, debug,
   # error, unknown_error), options (Serval's options under Puma's key names,
   # plus what plugin config methods set), stats (Puma's shape), restart,
-  # phased_restart, stop, halt. Puma.stats and Puma.stats_hash answer from
+  # phased_restart, refork, stop, halt. Puma.stats and Puma.stats_hash answer from
   # it.
   module PumaPlugins
     SHIM = File.expand_path("puma_shim", __dir__)
@@ -129,6 +129,7 @@ module Serval
 
       def restart = @launcher.enqueue(:restart)
       def phased_restart = @launcher.enqueue(:phased_restart)
+      def refork = @launcher.enqueue(:refork)
       def stop = @launcher.stop
       def halt = @launcher.stop(graceful: false)
     end

@@ -7,6 +7,7 @@ require "serval/cluster/balancer"
 require "serval/json_safe"
 require "serval/supervisor"
 require "serval/replace_worker"
+require "serval/cluster/mold"
 
 module Serval
   class Cluster < Supervisor
@@ -27,13 +28,35 @@ module Serval
         @log_writer = log_writer
         @status_io = status_io
         @control_io = control_io
-        commands = COMMANDS.merge(window: ->(_request) { @server&.window })
+        commands = COMMANDS.merge(window: ->(_request) { @server&.window },
+                                  mold: lambda do |_request|
+                                    @signals.push(:mold) # the loop stops serving, then runs the Mold
+                                    true
+                                  end)
         @responder = CommandChannel::Responder.new(control_io, commands, log_writer)
         @signals = Signals.new
       end
 
+      # In a process just forked (by the master or the mold): closes the
+      # parent's descriptors and signal pipe, runs a Worker and exits with
+      # its status.
+      def self.main(close_ios, signals, index:, log_writer:, **args)
+        code = 1
+        begin
+          close_ios.each { |io| io.close unless io.closed? }
+          signals.close
+          code = new(index: index, log_writer: log_writer, **args).run
+        rescue Exception => e # rubocop:disable Lint/RescueException
+          log_writer.exception(e, "serval: worker #{index} failed")
+        end
+        $stdout.flush
+        $stderr.flush
+        Process.exit!(code)
+      end
+
       # What the master may ask (on a thread of the worker's own), besides
-      # `window` (this worker's Server#window).
+      # `window` (this worker's Server#window) and `mold` (stop serving and
+      # become the mold new workers fork from: Mold, fork_worker).
       COMMANDS = {
         trace: lambda do |request|
           require "serval/gvl_trace"
@@ -58,7 +81,7 @@ module Serval
 
       def start_server
         require "serval/server"
-        app = @app || Launcher::Support.load_app(@options[:rackup])
+        app = @loaded_app = @app || Launcher::Support.load_app(@options[:rackup])
         replace_me = lambda do |reason|
           @replace_reason ||= reason.to_s
           @signals.push(:replace_me) # wakes the loop, which checks in at once
@@ -129,6 +152,18 @@ module Serval
         @balancer&.stop
         @server.stop(@options[:drain_timeout])
         @code = 0
+      end
+
+      # The master chose this worker as the mold (refork): it drains like a
+      # stop, keeping copies of the listeners for the workers it will fork.
+      def on_mold
+        listeners = @binder.listeners.map { |l| l.dup.tap { |c| c.io = l.io.dup } }
+        @log_writer.info("- Worker #{@index} (PID: #{Process.pid}) stops serving to become the mold")
+        @next_tick = nil
+        @balancer&.stop
+        @server.stop(@options[:drain_timeout])
+        @code = Mold.new(index: @index, options: @options, app: @loaded_app, listeners: listeners, log_writer: @log_writer,
+                         status_io: @status_io, control_io: @control_io, load_table: @load_table, signals: @signals).run
       end
 
       def on_halt

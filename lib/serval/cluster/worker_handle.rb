@@ -11,11 +11,13 @@ module Serval
     # deadlines; wall clock for stats) and the Server#stats it sent with it.
     class WorkerHandle
       attr_reader :pid, :index, :phase, :spawned_at, :booted_at, :last_checkin_at, :last_status, :status_io, :control_io,
-                  :replies
-      attr_accessor :exit_status, :stop_sent_at
+                  :replies, :generation
+      attr_accessor :exit_status, :stop_sent_at, :mold # mold: this worker became the mold (Mold)
 
-      def initialize(pid:, index:, phase:, status_io:, control_io:, now:)
+      # generation: the refork it was forked from (0: forked by the master)
+      def initialize(pid:, index:, phase:, status_io:, control_io:, now:, generation: 0)
         @pid = pid
+        @generation = generation
         @index = index
         @phase = phase
         @status_io = status_io
@@ -80,7 +82,7 @@ module Serval
       end
 
       def stats
-        { started_at: @started_at.strftime("%Y-%m-%dT%H:%M:%SZ"), pid: @pid, index: @index, phase: @phase,
+        { started_at: @started_at.strftime("%Y-%m-%dT%H:%M:%SZ"), pid: @pid, index: @index, phase: @phase, generation: @generation,
           booted: booted?, last_checkin: @last_checkin_wall&.strftime("%Y-%m-%dT%H:%M:%SZ"),
           last_status: @last_status }
       end
