@@ -90,6 +90,19 @@ class ReforkTest < Minitest::Test
     assert_equal((1..seen.size).to_a, seen, "a fresh fork from the master saw no request before")
   end
 
+  def test_added_workers_fork_from_the_mold_and_a_phased_restart_ends_it
+    server = reforked
+    server.signal("TTIN")
+    server.wait_for(/Worker 2 \(PID: \d+\) booted/, timeout: 10)
+    assert_equal [1, 1, 1], control_stats(server)["worker_status"].map { |w| w["generation"] }, "TTIN forks from the mold"
+    server.signal("USR1")
+    server.wait_for(/The mold \(PID: \d+\) stopped/, timeout: 10)
+    server.wait_for_count(/Worker 2 \(PID: \d+\) booted/, 2, timeout: 15) # the last one the phased restart replaces
+    stats = control_stats(server)
+    assert_nil stats["mold"]
+    assert_equal [0, 0, 0], stats["worker_status"].map { |w| w["generation"] }, "phased restart: forked by the master"
+  end
+
   def test_stop_ends_the_mold_too
     server = cluster("fork_worker 0", workers: 1)
     server.signal("URG")
