@@ -103,6 +103,20 @@ class ReforkTest < Minitest::Test
     assert_equal [0, 0, 0], stats["worker_status"].map { |w| w["generation"] }, "phased restart: forked by the master"
   end
 
+  def test_a_worker_that_does_not_become_the_mold_is_killed_and_replaced
+    server = cluster("fork_worker 0\ndrain_timeout 1\nworker_boot_timeout 2")
+    stuck = worker_pid(server, 0)
+    Process.kill(:STOP, stuck)
+    server.signal("URG")
+    server.wait_for(/Worker 0 \(PID: #{stuck}\) did not become the mold within 3\.0s; killing it/, stream: :err, timeout: 10)
+    server.wait_for_count(/Worker 0 \(PID: \d+\) booted/, 2, timeout: 10)
+    stats = control_stats(server)
+    assert_nil stats["mold"]
+    assert_equal [0, 0], stats["worker_status"].map { |w| w["generation"] }
+  ensure
+    Process.kill(:CONT, stuck) rescue nil # rubocop:disable Style/RescueModifier
+  end
+
   def test_stop_ends_the_mold_too
     server = cluster("fork_worker 0", workers: 1)
     server.signal("URG")

@@ -5,8 +5,8 @@ require "serval/cluster/mold"
 
 module Serval
   class Cluster < Supervisor
-    # The master's side of refork (fork_worker, Mold): when worker 0 has
-    # served fork_worker requests (once) or on the refork command, it asks
+    # The master's side of refork (fork_worker, Mold): when the lowest-index
+    # worker has served fork_worker requests (once) or on the refork command, it asks
     # the lowest-index worker to become the mold, then replaces every worker
     # forked before it, one at a time, through the recycling path (the
     # replacement, forked from the mold, boots first; then the old one
@@ -56,11 +56,12 @@ module Serval
       def step_refork
         return unless @refork_after && !@stopping
 
-        first = @workers[0]
+        check_mold_deadline
+        first = @workers.values.min_by(&:index)
         if !@auto_reforked && @refork_after.positive? && first&.booted? &&
            first.last_status[:requests_count].to_i >= @refork_after
           @auto_reforked = true
-          @refork_wanted ||= "worker 0 served #{first.last_status[:requests_count]} requests >= #{@refork_after}"
+          @refork_wanted ||= "worker #{first.index} served #{first.last_status[:requests_count]} requests >= #{@refork_after}"
         end
         start_refork if @refork_wanted && settled?
         replace_older_than_mold
@@ -89,12 +90,26 @@ module Serval
         @workers.delete(handle.index)
         handle.mold = true
         @mold = handle
+        @mold_deadline = now + @options[:drain_timeout] + @options[:worker_boot_timeout]
         if old
           @log_writer.info("- Stopping the previous mold (PID: #{old.pid})")
           old.stop_sent_at = now
           @retiring << old
           old.signal("TERM")
         end
+      end
+
+      # A worker that does not become the mold within drain_timeout +
+      # worker_boot_timeout is killed; its index is forked by the master.
+      def check_mold_deadline
+        return unless mold_pending? && now > @mold_deadline
+
+        @log_writer.error("! Worker #{@mold.index} (PID: #{@mold.pid}) did not become the mold within " \
+                          "#{(@options[:drain_timeout] + @options[:worker_boot_timeout]).round(1)}s; killing it")
+        @mold.stop_sent_at = now
+        @mold.signal("KILL")
+        @retiring << @mold
+        @mold = nil
       end
 
       def replace_older_than_mold
