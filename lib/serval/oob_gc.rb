@@ -9,6 +9,15 @@ module Serval
   class OobGc
     attr_reader :runs
 
+    # A Server part (ServerParts): runs first among the out_of_band hooks.
+    def self.attach(server, options, _log_writer)
+      new(server.core, every: options[:oob_gc]).tap { |gc| server.thread_pool.add_hook(:out_of_band, gc, first: true) }
+    end
+
+    def start = self
+    def stop = nil
+    def stats = { oob_gc_runs: @runs }
+
     def initialize(core, every:)
       @core = core
       @every = every

@@ -43,6 +43,15 @@ module Serval
       @stopping = false
     end
 
+    # A Server part (ServerParts): the handler reports each request to it.
+    # A cluster worker's Server gets replace_me (Serval.replace_worker's).
+    def self.attach(server, options, log_writer)
+      watchdog = new(timeout: options[:request_timeout], raise_in_thread: options[:request_timeout_raise],
+                     grace: options[:request_timeout_grace], log_writer: log_writer, replace_me: options[:replace_me])
+      server.handler.watchdog = watchdog
+      watchdog
+    end
+
     def start
       @thread = Threads.spawn("serval-timeout", @log_writer) { run }
       self

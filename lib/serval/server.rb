@@ -10,6 +10,7 @@ require "serval/request_handler"
 require "serval/error_responder"
 require "serval/error_log"
 require "serval/remote_address"
+require "serval/server_parts"
 
 module Serval
   # One serving process: the native I/O core plus the Ruby thread pool.
@@ -26,6 +27,7 @@ module Serval
                    max_queue_time tmpdir balance balance_close thread_polls].freeze
 
     attr_reader :thread_pool, :options, :core # core: the Native::Core (Cluster::Balancer switches it)
+    attr_reader :handler # the RequestHandler (a part may attach to it: ServerParts)
     attr_reader :error_log
 
     def initialize(app, options, log_writer:, poll_errors: false, stopped: nil)
@@ -36,12 +38,12 @@ module Serval
       @handler = RequestHandler.new(app, options, log_writer)
       @thread_pool = ThreadPool.new(@core, min: options[:min_threads], max: options[:max_threads],
                                            idle_timeout: options[:thread_idle_timeout],
-                                           log_writer: log_writer, handler: @handler, hooks: pool_hooks(options))
+                                           log_writer: log_writer, handler: @handler,
+                                           hooks: options.slice(:before_thread_start, :before_thread_exit, :out_of_band))
       @error_log = ErrorLog.new(@core, log_writer, limit: options[:error_log_limit])
       @poll_errors = poll_errors
       @on_stopped = stopped
-      auto_parts(options, log_writer)
-      timeout_part(options, log_writer)
+      @parts = ServerParts.attach(self, options, log_writer) # oob_gc, request_timeout, threads :auto, the I/O lane
       @listeners = []
       @state = :new
       @mutex = Mutex.new
@@ -62,9 +64,7 @@ module Serval
       @error_log.start(poll: @poll_errors)
       start_fairness
       @thread_pool.start
-      @tuner&.start
-      @io_lane&.start
-      @watchdog&.start
+      @parts.each { |_, part| part.start }
       @state = :running
       self
     end
@@ -86,7 +86,7 @@ module Serval
       deadline = now + timeout.to_f
       @core.drain
       close_listeners
-      stop_auto
+      stop_parts(:drain)
       @thread_pool.stop
       stragglers = @thread_pool.join(deadline)
       @core.shutdown([deadline - now, 0].max)
@@ -102,7 +102,7 @@ module Serval
     # Fast stop: close every connection now.
     def halt
       @core.drain
-      stop_auto
+      stop_parts(:drain)
       @thread_pool.stop
       @core.shutdown(0)
       @thread_pool.kill unless @thread_pool.join(now + 1).empty?
@@ -127,10 +127,7 @@ module Serval
         h[:queue_wait_estimate] = s[:queue_wait_estimate] if s.key?(:queue_wait_estimate)
         h[:timing] = @handler.timing.stats if @handler.timing
         h[:fair_preemptions] = Fairness.preemptions if @fairness == :preempt
-        h[:auto] = @tuner.stats if @tuner
-        h[:io_lane] = @io_lane.stats if @io_lane
-        h.merge!(@watchdog.stats) if @watchdog
-        h[:oob_gc_runs] = @oob_gc.runs if @oob_gc
+        @parts.each { |spec, part| spec.stats_key ? h[spec.stats_key] = part.stats : h.merge!(part.stats) }
         pools = db_pools
         h[:db_pools] = pools if pools
       end
@@ -143,6 +140,11 @@ module Serval
 
       Timing::Window.read(now: now, max_threads: @thread_pool.stats[:max_threads], db_pools: db_pools,
                           gvl_split: @handler.timing.gvl_split?, timeslice: @fairness ? Fairness.effective_slice : nil)
+    end
+
+    # The attached part of that name (ServerParts::LIST), or nil.
+    def part(name)
+      @parts.find { |spec, _| spec.name == name }&.last
     end
 
     # Active Record's pools ({name:, size:, connections:, busy:, idle:,
@@ -159,44 +161,8 @@ module Serval
       core
     end
 
-    # threads :auto (Auto::Tuner) and the I/O lane (Auto::IoLane), when
-    # configured; both run beside the pool and stop before it.
-    def auto_parts(options, log_writer)
-      if options[:threads_auto]
-        require "serval/auto/tuner"
-        @tuner = Auto::Tuner.new(self, @thread_pool, options, log_writer)
-      end
-      return unless options[:max_io_threads].to_i.positive?
-
-      require "serval/auto/io_lane"
-      @io_lane = Auto::IoLane.new(@thread_pool, max_io_threads: options[:max_io_threads],
-                                                idle_after: options[:io_lane_idle], log_writer: log_writer)
-    end
-
-    # Puma's thread and out_of_band hooks; oob_gc joins the out_of_band ones.
-    def pool_hooks(options)
-      hooks = options.slice(:before_thread_start, :before_thread_exit, :out_of_band)
-      return hooks unless options[:oob_gc]
-
-      require "serval/oob_gc"
-      @oob_gc = OobGc.new(@core, every: options[:oob_gc])
-      hooks.merge(out_of_band: [@oob_gc, *hooks[:out_of_band]]) # first: a user hook sees the GC done
-    end
-
-    # request_timeout: a watchdog thread, only when set (Single/Worker pass replace_me in a cluster).
-    def timeout_part(options, log_writer)
-      return unless options[:request_timeout].to_f.positive?
-
-      require "serval/request_timeout"
-      @watchdog = RequestTimeoutWatchdog.new(timeout: options[:request_timeout], raise_in_thread: options[:request_timeout_raise],
-                                             grace: options[:request_timeout_grace], log_writer: log_writer,
-                                             replace_me: options[:replace_me])
-      @handler.watchdog = @watchdog
-    end
-
-    def stop_auto
-      @tuner&.stop
-      @io_lane&.stop
+    def stop_parts(moment)
+      @parts.each { |spec, part| part.stop if spec.stop_at == moment }
     end
 
     def now
@@ -221,7 +187,7 @@ module Serval
 
     def mark_stopped
       Fairness.stop if @fairness
-      @watchdog&.stop
+      stop_parts(:stopped)
       first = @mutex.synchronize do
         was = @state
         @state = :stopped

@@ -50,6 +50,15 @@ module Serval
       self
     end
 
+    # Adds a hook (as `hooks:` above) before the pool starts; first: ahead
+    # of the ones given (a Server part: oob_gc runs before the user's
+    # out_of_band hooks, so they see the GC done).
+    def add_hook(name, hook, first: false)
+      ivar = { before_thread_start: :@on_start, before_thread_exit: :@on_exit, out_of_band: :@out_of_band }.fetch(name)
+      list = instance_variable_get(ivar) || []
+      instance_variable_set(ivar, first ? [hook, *list] : [*list, hook])
+    end
+
     def resize(min, max)
       raise ArgumentError, "threads: min (#{min}) must be <= max (#{max})" if min > max
       raise ArgumentError, "threads: max must be >= 1" if max < 1

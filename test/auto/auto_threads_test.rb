@@ -69,7 +69,7 @@ class AutoThreadsTest < Minitest::Test
     end
     with_server(app, min_threads: 5, max_threads: 5, threads_auto: true, threads_auto_max: 8,
                      auto_interval: 60) do |server, port|
-      tuner = server.instance_variable_get(:@tuner)
+      tuner = server.part(:threads_auto)
       assert_equal [1, 8], [tuner.controller.min, tuner.controller.max]
       tuner.send(:apply, Serval::Auto::Decision.new(target: 2, from: 5, changed: true, reason: "test"))
       assert_equal [2, 2], server.stats.values_at(:min_threads, :max_threads)

@@ -30,6 +30,12 @@ module Serval
         @peak = 0
       end
 
+      # A Server part (ServerParts): max_io_threads.
+      def self.attach(server, options, log_writer)
+        new(server.thread_pool, max_io_threads: options[:max_io_threads], idle_after: options[:io_lane_idle],
+                                log_writer: log_writer)
+      end
+
       def start
         unless Native::GVL.enabled?
           @log_writer.warn("max_io_threads: the I/O lane needs the GVL hook (Ruby 3.2+ with timing on); it stays closed")

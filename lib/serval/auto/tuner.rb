@@ -52,6 +52,11 @@ module Serval
 
       attr_reader :controller
 
+      # A Server part (ServerParts): threads :auto.
+      def self.attach(server, options, log_writer)
+        new(server, server.thread_pool, options, log_writer)
+      end
+
       def start
         resize(@controller.target) if @pool.max != @controller.target
         @sampler ||= Sampler.new
