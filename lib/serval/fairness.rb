@@ -15,9 +15,33 @@ module Serval
   # on the Ruby (bench/NOTES.md "Fairness between CPU- and I/O-bound requests"
   # has the measured figures).
   #
-  # The setting is per process, as the GVL is: Server#run calls start, each
-  # request thread calls apply as it starts (ThreadPool#work).
+  # The setting is per process, as the GVL is: Server#run starts it (Part),
+  # each request thread calls apply as it starts (a before_thread_start hook).
   module Fairness
+    # The Server part (ServerParts) for fair_timeslice > 0: the process's
+    # slice set as the server starts (before its request threads), each
+    # request thread marked (or given its priority) as it starts.
+    class Part
+      def self.attach(server, options, _log_writer)
+        new(options[:fair_timeslice]).tap do
+          server.thread_pool.add_hook(:before_thread_start, -> { Fairness.apply(Thread.current) }, first: true)
+        end
+      end
+
+      def initialize(ms)
+        @ms = ms
+      end
+
+      def start
+        @mode = Fairness.start(@ms)
+        self
+      end
+
+      def stop = Fairness.stop
+      def effective_slice = Fairness.effective_slice
+      def stats = @mode == :preempt ? { fair_preemptions: Fairness.preemptions } : {}
+    end
+
     RUBY_SLICE_MS = 100.0 # Ruby's time slice at priority 0 (thread.c TIME_QUANTUM)
     MIN_PRIORITY = -3     # Thread#priority's floor; each step down halves the slice
     # The slice `fair_timeslice true` means. Off by default: on a CPU-bound

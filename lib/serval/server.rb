@@ -4,7 +4,6 @@ require "socket"
 require "serval/version"
 require "serval/errors"
 require "serval/native_ext"
-require "serval/fairness"
 require "serval/thread_pool"
 require "serval/request_handler"
 require "serval/error_responder"
@@ -43,7 +42,7 @@ module Serval
       @error_log = ErrorLog.new(@core, log_writer, limit: options[:error_log_limit])
       @poll_errors = poll_errors
       @on_stopped = stopped
-      @parts = ServerParts.attach(self, options, log_writer) # oob_gc, request_timeout, threads :auto, the I/O lane
+      @parts = ServerParts.attach(self, options, log_writer) # fairness, oob_gc, request_timeout, threads :auto, the I/O lane
       @listeners = []
       @state = :new
       @mutex = Mutex.new
@@ -62,9 +61,8 @@ module Serval
       @handler.timing&.enable # the GVL hook, once per process (again after fork)
       @core.start
       @error_log.start(poll: @poll_errors)
-      start_fairness
-      @thread_pool.start
       @parts.each { |_, part| part.start }
+      @thread_pool.start
       @state = :running
       self
     end
@@ -126,7 +124,6 @@ module Serval
         polled_waits: s[:polled_waits] }.tap do |h|
         h[:queue_wait_estimate] = s[:queue_wait_estimate] if s.key?(:queue_wait_estimate)
         h[:timing] = @handler.timing.stats if @handler.timing
-        h[:fair_preemptions] = Fairness.preemptions if @fairness == :preempt
         @parts.each { |spec, part| spec.stats_key ? h[spec.stats_key] = part.stats : h.merge!(part.stats) }
         pools = db_pools
         h[:db_pools] = pools if pools
@@ -139,7 +136,7 @@ module Serval
       return nil unless @handler.timing
 
       Timing::Window.read(now: now, max_threads: @thread_pool.stats[:max_threads], db_pools: db_pools,
-                          gvl_split: @handler.timing.gvl_split?, timeslice: @fairness ? Fairness.effective_slice : nil)
+                          gvl_split: @handler.timing.gvl_split?, timeslice: part(:fairness)&.effective_slice)
     end
 
     # The attached part of that name (ServerParts::LIST), or nil.
@@ -177,16 +174,7 @@ module Serval
       nil
     end
 
-    # The process's GVL slice for request threads (docs/tuning.md), before the
-    # threads start: each applies it as it starts. A server whose
-    # fair_timeslice is nil (the control app's) leaves it to the serving one.
-    def start_fairness
-      ms = @options.fetch(:fair_timeslice, 0)
-      @fairness = !ms.nil? && Fairness.start(ms)
-    end
-
     def mark_stopped
-      Fairness.stop if @fairness
       stop_parts(:stopped)
       first = @mutex.synchronize do
         was = @state

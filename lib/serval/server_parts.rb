@@ -6,7 +6,7 @@ module Serval
   # required and the part attached:
   #
   #   Klass.attach(server, options, log_writer) -> the part
-  #   part.start   once the core and the thread pool run
+  #   part.start   once the core runs, before the thread pool's threads start
   #   part.stop    at stop_at: :drain (as the server starts to drain, before
   #                the pool stops: parts that resize the pool) or :stopped
   #                (once it has stopped: parts that watch requests to the end)
@@ -18,6 +18,8 @@ module Serval
     Spec = Struct.new(:name, :enabled, :path, :const, :stop_at, :stats_key, keyword_init: true)
 
     LIST = [
+      Spec.new(name: :fairness, enabled: ->(o) { o.fetch(:fair_timeslice, 0).to_f.positive? }, path: "serval/fairness",
+               const: "Fairness::Part", stop_at: :stopped),
       Spec.new(name: :oob_gc, enabled: ->(o) { o[:oob_gc] }, path: "serval/oob_gc", const: "OobGc",
                stop_at: :stopped),
       Spec.new(name: :request_timeout, enabled: ->(o) { o[:request_timeout].to_f.positive? },

@@ -146,7 +146,6 @@ module Serval
     # called per request, and the unlocked pre-checks (plain reads under the
     # GVL) keep method calls off the path while the pool is at its size.
     def work
-      Fairness.apply(Thread.current) # docs/tuning.md "Fairness"; Server#run set this process's slice
       run_hooks(:before_thread_start, @on_start) if @on_start
       while true # rubocop:disable Style/InfiniteLoop
         wait = @threads.size > @max ? [LANE_WAIT, @idle_timeout].min : @idle_timeout
