@@ -3,7 +3,6 @@
 require "stringio"
 require "serval/response_writer"
 require "serval/hijack"
-require "serval/timing"
 require "serval/empty_input"
 require "serval/app_wrappers"
 require "serval/request_timeout"
@@ -18,7 +17,7 @@ module Serval
     ALWAYS_SET = %w[REQUEST_METHOD PATH_INFO QUERY_STRING REQUEST_URI SERVER_PROTOCOL REMOTE_ADDR SERVER_NAME
                     SERVER_PORT HTTP_HOST rack.input rack.hijack rack.response_finished rack.after_reply].freeze
 
-    attr_reader :timing
+    attr_reader :timing # a Timing::Recorder (attached by Timing::Part), or nil
     attr_writer :watchdog # a RequestTimeoutWatchdog (request_timeout), or nil
 
     def initialize(app, options, log_writer)
@@ -29,11 +28,16 @@ module Serval
       @log_requests = options[:log_requests]
       @errors = ErrorResponder.new(options[:lowlevel_error_handler], log_writer)
       @writer = ResponseWriter.new
-      # nil when off: one branch per request (see docs/observability.md)
-      @timing = (Timing::Recorder.new(sample_rate: options.fetch(:timing_sample_rate, 0.05)) if options.fetch(:timing, true))
-      # With --log-requests every line carries the timing fields: every request is sampled.
-      @timing_every = @timing && (@log_requests ? 1 : @timing.every)
-      Timing.sample_cap = options.fetch(:timing_sample_cap, 1000) if @timing
+      @timing = nil # nil when off: one branch per request (see docs/observability.md)
+      @timing_every = nil
+    end
+
+    # Per-request timing (Timing::Part): the recorder whose sampled
+    # requests get a Serval::Timing. With --log-requests every line carries
+    # the timing fields: every request is sampled.
+    def timing=(recorder)
+      @timing = recorder
+      @timing_every = recorder && (@log_requests ? 1 : recorder.every)
     end
 
     # The env comes from C with every per-request key in place

@@ -42,7 +42,7 @@ module Serval
       @error_log = ErrorLog.new(@core, log_writer, limit: options[:error_log_limit])
       @poll_errors = poll_errors
       @on_stopped = stopped
-      @parts = ServerParts.attach(self, options, log_writer) # fairness, oob_gc, request_timeout, threads :auto, the I/O lane
+      @parts = ServerParts.attach(self, options, log_writer) # timing, fairness, oob_gc, request_timeout, :auto, I/O lane
       @listeners = []
       @state = :new
       @mutex = Mutex.new
@@ -58,7 +58,6 @@ module Serval
     end
 
     def run
-      @handler.timing&.enable # the GVL hook, once per process (again after fork)
       @core.start
       @error_log.start(poll: @poll_errors)
       @parts.each { |_, part| part.start }
@@ -123,7 +122,6 @@ module Serval
         output_waits: s[:output_waits], thread_polls: s[:thread_polls], polled_rounds: s[:polled_rounds],
         polled_waits: s[:polled_waits] }.tap do |h|
         h[:queue_wait_estimate] = s[:queue_wait_estimate] if s.key?(:queue_wait_estimate)
-        h[:timing] = @handler.timing.stats if @handler.timing
         @parts.each { |spec, part| spec.stats_key ? h[spec.stats_key] = part.stats : h.merge!(part.stats) }
         pools = db_pools
         h[:db_pools] = pools if pools
@@ -133,10 +131,10 @@ module Serval
     # The last minute of this process's requests (Timing::Window.read: the
     # shape Serval::Advice::Window takes); nil with timing off.
     def window(now: nil)
-      return nil unless @handler.timing
+      timing = @handler.timing or return nil
 
       Timing::Window.read(now: now, max_threads: @thread_pool.stats[:max_threads], db_pools: db_pools,
-                          gvl_split: @handler.timing.gvl_split?, timeslice: part(:fairness)&.effective_slice)
+                          gvl_split: timing.gvl_split?, timeslice: part(:fairness)&.effective_slice)
     end
 
     # The attached part of that name (ServerParts::LIST), or nil.

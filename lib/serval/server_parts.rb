@@ -18,6 +18,8 @@ module Serval
     Spec = Struct.new(:name, :enabled, :path, :const, :stop_at, :stats_key, keyword_init: true)
 
     LIST = [
+      Spec.new(name: :timing, enabled: ->(o) { o.fetch(:timing, true) }, path: "serval/timing", const: "Timing::Part",
+               stop_at: :stopped),
       Spec.new(name: :fairness, enabled: ->(o) { o.fetch(:fair_timeslice, 0).to_f.positive? }, path: "serval/fairness",
                const: "Fairness::Part", stop_at: :stopped),
       Spec.new(name: :oob_gc, enabled: ->(o) { o[:oob_gc] }, path: "serval/oob_gc", const: "OobGc",

@@ -88,3 +88,31 @@ end
 require "serval/timing/recorder"
 require "serval/timing/window"
 require "serval/timing/routes"
+
+module Serval
+  class Timing
+    # The Server part (ServerParts) for `timing` (on by default): a
+    # Recorder given to the request handler; the GVL hook enabled as the
+    # server starts (once per process, again after fork).
+    class Part
+      def self.attach(server, options, _log_writer)
+        recorder = Recorder.new(sample_rate: options.fetch(:timing_sample_rate, 0.05))
+        Timing.sample_cap = options.fetch(:timing_sample_cap, 1000)
+        server.handler.timing = recorder
+        new(recorder)
+      end
+
+      def initialize(recorder)
+        @recorder = recorder
+      end
+
+      def start
+        @recorder.enable
+        self
+      end
+
+      def stop = nil
+      def stats = { timing: @recorder.stats }
+    end
+  end
+end
