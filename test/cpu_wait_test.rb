@@ -8,7 +8,7 @@ require_relative "support/cpu_rivals"
 # ext/serval/gvl.c samples one in-request idle span in 16 and reads the
 # thread's run-queue wait (Linux schedstat) at both ends: the part of the
 # span in which the thread was ready but waited for a CPU. A real
-# exe/serval pinned to CPU 0 serves requests that sleep forty times: alone
+# exe/serval pinned to one CPU (CpuRivals.cpu) serves requests that sleep forty times: alone
 # on the CPU a woken thread runs at once; with three busy processes pinned
 # to the same CPU it waits its turn (the server runs at nice 19, so that it
 # does: cpu_rivals.rb). The margin checks that sharing

@@ -12,7 +12,7 @@ require "tmpdir"
 # for a CPU in the send was the remote's time (Native::GVL.idle_wait's 4th
 # figure), and so was the GVL wait after a send the wait made too long for
 # the link (5th); every such send is counted by the time to its answer's
-# read (Native::GVL.sends). A real exe/serval with 4 threads, pinned to CPU 0
+# read (Native::GVL.sends). A real exe/serval with 4 threads, pinned to one CPU
 # beside three busy processes, serves requests that write a query to a peer
 # (a thread of this test, answering after 2 ms) and read the answer, four
 # at a time; requests that only sleep make no sends.

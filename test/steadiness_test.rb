@@ -4,6 +4,7 @@ require_relative "test_helper"
 require "json"
 require "rbconfig"
 require "serval/timing"
+require "support/cpu_rivals"
 
 # ext/serval/steadiness.c: the CPU's speed as the GVL's holder sees it (CPU
 # time / GVL time held, per 0.25 s step). A thread that spins alone on its
@@ -41,9 +42,10 @@ class SteadinessTest < Minitest::Test
 
   def test_sharing_the_cpu_slows_the_gvl_holder
     lib = File.expand_path("../lib", __dir__)
-    io = IO.popen(["taskset", "-c", "0", RbConfig.ruby, "-I", lib, "-e", CHILD], "r+")
+    cpu = Serval::CpuRivals.cpu.to_s # the idlest CPU: "alone" means alone
+    io = IO.popen(["taskset", "-c", cpu, RbConfig.ruby, "-I", lib, "-e", CHILD], "r+")
     assert_equal "alone\n", io.gets
-    rival = Process.spawn("taskset", "-c", "0", RbConfig.ruby, "-e", "loop {}")
+    rival = Process.spawn("taskset", "-c", cpu, RbConfig.ruby, "-e", "loop {}")
     sleep 0.1 until File.read("/proc/#{rival}/stat").split[13].to_i.positive? # the rival has run
     io.puts "go"
     alone, shared = JSON.parse(io.gets)
