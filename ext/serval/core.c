@@ -9,7 +9,6 @@
 #include "serval.h"
 #include "serval_ruby.h"
 #include "core.h"
-#include "buffer.h"
 #include "conn.h"
 #include "errlog.h"
 #include "loop.h"

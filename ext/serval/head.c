@@ -6,7 +6,7 @@
 #include <ruby.h>
 #include "serval_ruby.h"
 #include "head.h"
-#include "buffer.h"
+#include "conn.h"
 
 #define SV_HEAD_LIMIT ((size_t)1 << 30)
 

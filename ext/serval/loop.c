@@ -21,7 +21,6 @@
 #include "tls.h"
 #include "transport.h"
 #include "loop.h"
-#include "buffer.h"
 #include "conn.h"
 #include "errlog.h"
 #include "hooks.h"

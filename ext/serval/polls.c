@@ -54,7 +54,7 @@
 #include "serval.h"
 #include "serval_ruby.h"
 #include "polls.h"
-#include "buffer.h"
+#include "conn.h"
 #include "hooks.h"
 #include "loop.h"
 #include "wake.h"

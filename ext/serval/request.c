@@ -11,7 +11,6 @@
 #include "serval_ruby.h"
 #include "transport.h"
 #include "request.h"
-#include "buffer.h"
 #include "conn.h"
 #include "env.h"
 #include "head.h"

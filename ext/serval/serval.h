@@ -1,6 +1,6 @@
 /*
  * The native I/O core's data: its limits, the connection, the core. Each
- * module's functions are declared in its own header (buffer.h, conn.h,
+ * module's functions are declared in its own header (conn.h, core.h,
  * loop.h, ...).
  *
  * Ownership rule: a connection is owned either by the event-loop thread
@@ -55,7 +55,7 @@ enum {
 };
 enum { SV_MODE_NONE = 0, SV_MODE_LENGTH, SV_MODE_CHUNKED, SV_MODE_RAW };
 
-/* Free blocks kept for reuse (buffer.c): a connection's read and output
+/* Free blocks kept for reuse (conn.c): a connection's read and output
  * buffers start at SV_POOL_BLOCK bytes and its parsed head is one
  * sv_request; all are freed when a request ends with nothing behind it (an
  * idle keep-alive connection holds none), so each request would otherwise

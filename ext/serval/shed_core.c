@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include "serval_ruby.h"
 #include "hooks.h"
-#include "buffer.h" /* sv_now */
+#include "conn.h" /* sv_now */
 #include "shed.h"
 #include "shed_core.h"
 

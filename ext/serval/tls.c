@@ -22,7 +22,7 @@
 #include "serval_ruby.h"
 #include "tls.h"
 #include "transport.h"
-#include "buffer.h"
+#include "conn.h"
 
 #ifdef HAVE_OPENSSL_SSL_H
 #include <openssl/err.h>
