@@ -4,7 +4,7 @@ require "test_helper"
 require "support/http_wire"
 
 # The hand-offs of a request's hot path (docs/DESIGN.md "A request's path"):
-# a queued request wakes exactly one sleeping thread (ext/serval/wake.c), and
+# a queued request wakes exactly one sleeping thread (ext/serval/conn.c), and
 # a plain connection stays registered, edge-triggered, so input or a close
 # that arrives while the app runs is noted and handled once the response is
 # done (ext/serval/loop.c).

@@ -17,7 +17,7 @@
 #include "serval_ruby.h"
 #include "balance.h"
 #include "core.h"
-#include "wake.h"
+#include "conn.h"
 
 /* Core#balance_hold = true/false; the loop re-reads it at once. */
 static VALUE core_balance_hold_set(VALUE self, VALUE on)

@@ -1,14 +1,17 @@
 /*
- * Connections: the memory a connection reads and writes through, and its
- * lifecycle steps shared by the event loop and the Ruby threads. Sections:
+ * Connections: the memory a connection reads and writes through, the
+ * wake-ups that hand its requests to Ruby threads, and its lifecycle steps
+ * shared by the event loop and the Ruby threads. Sections:
  *
  *   - buffers: growable byte buffers with an upper bound, the pools of free
  *     blocks they come from, the process-wide output budget, the clock;
+ *   - waking threads: the Ruby threads asleep in Core#next, one per queued
+ *     request, and the loop thread (core->mu held, but sv_core_wake);
  *   - a connection's steps: made, armed, flushed, handed back, freed;
  *   - the plain TCP transport (transport.h).
  *
- * Every function here runs without the GVL and touches no Ruby object; for
- * a connection's steps the caller owns the connection (see the ownership
+ * Nothing here touches a Ruby object or needs the GVL. A connection's steps
+ * run without it, and their caller owns the connection (see the ownership
  * rule in serval.h).
  */
 #define _GNU_SOURCE
@@ -28,7 +31,6 @@
 #include "serval.h"
 #include "transport.h"
 #include "conn.h"
-#include "wake.h"
 
 /* ==== buffers ============================================================
  * Growable byte buffers with an explicit upper bound. An output buffer also
@@ -229,6 +231,74 @@ void sv_out_trim(sv_core *core, double now)
 #ifdef __GLIBC__
     malloc_trim(0);
 #endif
+}
+
+/* ==== waking threads =====================================================
+ * Waking Ruby threads for queued requests, and the loop thread.
+ *
+ * Each Ruby thread asleep in Core#next waits on its own condition variable
+ * (sv_waiter, on the waiting thread's stack), listed most recent first. A
+ * request that joins the ready queue wakes the thread at the head of that
+ * list, so a wake-up reaches exactly one thread that is asleep and not woken
+ * yet (never one already on its way, as a signal on one shared condition
+ * variable could), and the thread whose memory is warm is the one reused;
+ * `waking` counts the threads woken and not yet back at the queue. A thread
+ * woken for a request another thread took first (Core#next's fast path)
+ * lists itself again and sleeps on.
+ *
+ * Waking a thread only when no running thread would take the request soon
+ * was measured and dropped: it halved the futex calls but woke the loop
+ * more often and cost more CPU per hello request (bench/NOTES.md "Hot
+ * path"). Everything here runs with core->mu held, but sv_core_wake, which
+ * wakes the loop thread (its eventfd) and takes no lock. */
+
+void sv_waiter_push(sv_core *core, sv_waiter *w)
+{
+    w->prev = NULL;
+    w->next = core->idle;
+    if (core->idle)
+        core->idle->prev = w;
+    core->idle = w;
+    w->listed = 1;
+}
+
+void sv_waiter_remove(sv_core *core, sv_waiter *w)
+{
+    if (!w->listed)
+        return;
+    if (w->prev)
+        w->prev->next = w->next;
+    else
+        core->idle = w->next;
+    if (w->next)
+        w->next->prev = w->prev;
+    w->prev = w->next = NULL;
+    w->listed = 0;
+}
+
+void sv_wake_all(sv_core *core)
+{
+    for (sv_waiter *w = core->idle; w; w = w->next)
+        pthread_cond_signal(&w->cv); /* each re-checks why it waits; none is marked woken */
+    pthread_cond_broadcast(&core->cv);
+}
+
+void sv_wake_dispatched(sv_core *core)
+{
+    sv_waiter *w = core->idle;
+    if (!w)
+        return; /* every thread is busy or already woken: one of them takes it */
+    sv_waiter_remove(core, w);
+    w->woken = 1;
+    core->waking++;
+    pthread_cond_signal(&w->cv);
+}
+
+/* The loop thread's epoll wait returns (its eventfd becomes readable). */
+void sv_core_wake(sv_core *core)
+{
+    uint64_t one = 1;
+    (void)!write(core->wakefd, &one, sizeof(one));
 }
 
 /* ==== a connection's steps ===============================================

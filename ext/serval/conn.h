@@ -1,5 +1,6 @@
-/* conn.c: buffers, the pools of free blocks, the clock; a connection's
- * steps, shared by the loop and the Ruby threads */
+/* conn.c: buffers, the pools of free blocks, the clock; waking the Ruby
+ * threads asleep in Core#next and the loop thread; a connection's steps,
+ * shared by the loop and the Ruby threads */
 #ifndef SERVAL_CONN_H
 #define SERVAL_CONN_H
 
@@ -23,6 +24,16 @@ void sv_out_trim(sv_core *core, double now);
 
 /* The monotonic clock in seconds */
 double sv_now(void);
+
+/* ---- waking the Ruby threads asleep in Core#next (core->mu held), and the loop thread ---- */
+void sv_waiter_push(sv_core *core, sv_waiter *w);
+void sv_waiter_remove(sv_core *core, sv_waiter *w);
+/* Every waiting thread re-checks its wait (draining, stopping, interrupts); core->cv too. */
+void sv_wake_all(sv_core *core);
+/* A request joined the queue: wake the most recent sleeping thread not woken yet. */
+void sv_wake_dispatched(sv_core *core);
+/* Without core->mu too: the loop thread's epoll wait returns. */
+void sv_core_wake(sv_core *core);
 
 /* ---- a connection's steps ---- */
 /* An edge-triggered connection (plain TCP) is registered for both directions,

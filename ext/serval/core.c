@@ -16,7 +16,6 @@
 #include "request.h"
 #include "hooks.h"
 #include "tls.h"
-#include "wake.h"
 
 static VALUE sv_cCore;
 
@@ -333,7 +332,7 @@ static sv_conn *pop_locked(sv_core *core, double now)
     return c;
 }
 
-/* Sleeps on its own condition variable (wake.c) until a request is queued
+/* Sleeps on its own condition variable (conn.c) until a request is queued
  * for it, the deadline passes, the core stops or Ruby interrupts it. A
  * thread woken for a request another thread took first sleeps again. */
 static void *wait_nogvl(void *p)
@@ -521,7 +520,7 @@ static VALUE core_stats(VALUE self)
     rb_hash_aset(h, ID2SYM(rb_intern("connections")), LONG2NUM(atomic_load(&core->open)));
     rb_hash_aset(h, ID2SYM(rb_intern("queued")), LONG2NUM(queued));
     rb_hash_aset(h, ID2SYM(rb_intern("waiting")), LONG2NUM(waiting));
-    rb_hash_aset(h, ID2SYM(rb_intern("waking")), LONG2NUM(waking)); /* wake.c */
+    rb_hash_aset(h, ID2SYM(rb_intern("waking")), LONG2NUM(waking)); /* conn.c */
     rb_hash_aset(h, ID2SYM(rb_intern("accepted")), ULONG2NUM(atomic_load(&core->accepted)));
     rb_hash_aset(h, ID2SYM(rb_intern("evicted")), ULONG2NUM(atomic_load(&core->evicted)));
     rb_hash_aset(h, ID2SYM(rb_intern("requests")), ULONG2NUM(atomic_load(&core->requests)));

@@ -24,7 +24,6 @@
 #include "conn.h"
 #include "errlog.h"
 #include "hooks.h"
-#include "wake.h"
 
 #define SV_EV_END (EPOLLRDHUP | EPOLLHUP | EPOLLERR)
 
@@ -429,7 +428,7 @@ static void dispatch(sv_conn *c)
     if (none_partial && core->draining)
         sv_wake_all(core); /* one takes the request, the others may leave */
     else if (!atomic_load(&core->duty))
-        sv_wake_dispatched(core); /* one sleeping thread, if any (wake.c) */
+        sv_wake_dispatched(core); /* one sleeping thread, if any (conn.c) */
     /* thread polls (polls.c): the running threads take it; one sleeping is
      * woken when they block, or by the parked loop */
     pthread_mutex_unlock(&core->mu);

@@ -57,7 +57,6 @@
 #include "conn.h"
 #include "hooks.h"
 #include "loop.h"
-#include "wake.h"
 
 /* The core whose request this thread holds (for the hook), when it took
  * it, and whether a fairness switch took the GVL from it mid-request. */

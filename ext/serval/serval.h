@@ -89,7 +89,7 @@ typedef struct sv_listener {
 
 typedef struct sv_core sv_core;
 
-/* A Ruby thread asleep in Core#next, on that thread's stack (wake.c). */
+/* A Ruby thread asleep in Core#next, on that thread's stack (conn.c). */
 typedef struct sv_waiter {
     pthread_cond_t cv;
     struct sv_waiter *prev, *next;
