@@ -229,7 +229,7 @@ class RackEnvTest < Minitest::Test
 
   # REMOTE_ADDR, SERVER_NAME, SERVER_PORT, HTTP_HOST and an empty
   # QUERY_STRING repeat request after request: frozen Strings shared between
-  # requests (ext/serval/strcache.c), so no request can change another's.
+  # requests (ext/serval/env.c, its string cache), so no request can change another's.
   # Everything an app may rewrite in place (PATH_INFO, a query, other
   # headers) is a fresh String of its own, every time.
   def test_repeated_values_are_shared_frozen_and_the_rest_fresh

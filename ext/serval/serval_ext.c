@@ -10,7 +10,6 @@
 #include "request.h"
 #include "shed_core.h"
 #include "steadiness.h"
-#include "strcache.h"
 #include "timing.h"
 #include "tls.h"
 
