@@ -36,7 +36,7 @@ module CDeps
   end
 
   # The modules that serve a request, and those that attach to them.
-  CORE = %w[conn core env errlog head hooks loop parser polls request serval serval_ruby tls
+  CORE = %w[conn core env errlog hooks loop parser polls request serval serval_ruby tls
             transport].freeze
   OPTIONAL = %w[balance fairness gvl shed shed_core steadiness timing window winslot].freeze
   ENTRY = %w[serval_ext].freeze

@@ -338,11 +338,11 @@ class GeneratedBodyTest < Minitest::Test
   def test_which_bodies_are_buffered_and_which_stream
     require "serval/response_writer"
     assert_equal [:write_nowait], path_for({ "content-length" => "2" })
-    assert_equal [:write_nowait], path_for({ "Content-Length" => "2" }), "any case, as head.c reads it"
+    assert_equal [:write_nowait], path_for({ "Content-Length" => "2" }), "any case, as sv_write_head reads it"
     assert_equal [:write_nowait], path_for(Rack::Headers.new.merge!("Content-Length" => "2"))
     assert_equal [:write_nowait], path_for({ "content-length" => 2 }), "an Integer length (written leniently)"
     assert_equal [:stream_write], path_for({}), "no length: streamed"
-    assert_equal [:stream_write], path_for({ "content-length" => nil }), "nil: as if absent (head.c)"
+    assert_equal [:stream_write], path_for({ "content-length" => nil }), "nil: as if absent (sv_write_head)"
     live = LiveBody.new(LiveResponse.new(::ActionController::Live::Buffer.allocate))
     assert_equal [:stream_write], path_for({ "content-length" => "2" }, Rack::BodyProxy.new(live) {}),
                  "ActionController::Live streams even with a length"

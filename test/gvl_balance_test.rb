@@ -201,7 +201,7 @@ class GVLBalanceTest < Minitest::Test
 
   def cluster_with_clients_on_worker_zero(extra)
     # 4 threads for 3 clients: a thread is always free, so balance mode's
-    # own close when none is (head.c) never fires; only the balancer moves
+    # own close when none is (sv_write_head) never fires; only the balancer moves
     config = "bind 'tcp://127.0.0.1:0'\nworkers 2\nthreads 4, 4\ngvl_balance_interval 0.2\n" \
              "before_worker_boot { |i| File.read('gate') if i == 1 }\n#{extra}"
     server = spawn_server(["-C", "c.rb"], files: { "config.ru" => BURN_APP, "c.rb" => config })

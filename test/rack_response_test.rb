@@ -309,7 +309,7 @@ class RackResponseTest < Minitest::Test
   end
 
   # A bad field after good ones: the head written so far is taken back out
-  # (head.c sv_head_rollback), so the 500 carries none of it, on keep-alive
+  # (request.c sv_head_rollback), so the 500 carries none of it, on keep-alive
   # too, whether the body is a plain Array (Request#respond) or not.
   def test_a_head_that_fails_midway_sends_nothing_of_itself
     app = lambda do |env|

@@ -81,7 +81,7 @@ class RespondTest < Minitest::Test
     end
   end
 
-  # The one-call path takes what head.c writes leniently (nil, an Integer,
+  # The one-call path takes what sv_write_head writes leniently (nil, an Integer,
   # a String status, an Integer length) as ResponseWriter's path does, and a
   # refused head leaves nothing of itself before the 500.
   def test_lenient_and_refused_heads_through_respond

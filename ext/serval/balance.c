@@ -7,7 +7,7 @@
  *           the kernel hands new connections to a sibling worker;
  *   moves - a count of keep-alive connections to end: the next response whose
  *           head is written while one is granted says "connection: close"
- *           (head.c take_move), and the connection closes once that response
+ *           (request.c take_move), and the connection closes once that response
  *           is complete, never in the middle of a request.
  *
  * Only a core in balance mode (cluster worker) reads them. This file is the

@@ -990,8 +990,8 @@ int sv_parse_proxy(sv_proxy *p, int versions, const char *buf, size_t len, const
 }
 
 /* HTTP status reason phrases (RFC 9110 section 15), one table for the
- * responses the app sends (head.c) and the ones the loop answers itself
- * (loop.c). */
+ * responses the app sends (request.c sv_write_head) and the ones the loop
+ * answers itself (loop.c). */
 const char *sv_reason_phrase(int code)
 {
     switch (code) {

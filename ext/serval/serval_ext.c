@@ -6,7 +6,6 @@
 #include "env.h"
 #include "fairness.h"
 #include "gvl.h"
-#include "head.h"
 #include "request.h"
 #include "shed_core.h"
 #include "steadiness.h"
@@ -15,7 +14,7 @@
 
 void Init_serval_ext(void)
 {
-    rb_require("serval/errors"); /* the exception classes head.c and request.c raise */
+    rb_require("serval/errors"); /* the exception classes request.c raises */
     VALUE mServal = rb_define_module("Serval");
     VALUE mNative = rb_define_module_under(mServal, "Native");
     sv_init_strcache();

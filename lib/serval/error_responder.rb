@@ -8,7 +8,7 @@ module Serval
   # connection is closed, since a half-sent response cannot be repaired.
   #
   # A BadResponse (what the app returned cannot go on the wire, or would
-  # split the response: ext/serval/head.c) is logged as one line naming the
+  # split the response: ext/serval/request.c) is logged as one line naming the
   # cause (its backtrace is Serval's own); the first of each cause says why.
   class ErrorResponder
     DEFAULT = [500, { "content-type" => "text/plain" }.freeze, ["Internal Server Error\n"].freeze].freeze

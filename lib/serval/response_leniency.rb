@@ -5,7 +5,7 @@ module Serval
   # apps rely on that (a Rails app setting a header from an unset ENV
   # variable sends nil): a header value that is not a String is written as
   # its to_s (nil: an empty value), a Symbol header name as its String
-  # (ext/serval/head.c). In development each header name is warned about
+  # (ext/serval/request.c sv_write_head). In development each header name is warned about
   # once per process, so the app can be fixed; other environments stay quiet.
   # See docs/configuration.md "What Serval accepts in a response".
   #
@@ -23,7 +23,7 @@ module Serval
       # The log writer of the latest ErrorResponder (one per server).
       attr_accessor :log_writer
 
-      # Called by head.c for each lenient conversion; warns once per name.
+      # Called by sv_write_head for each lenient conversion; warns once per name.
       def note(name, value)
         return if @warned.key?(name) || !development?
 

@@ -110,7 +110,8 @@ module Serval
     # The content-length header's value as an Integer; true when there is
     # one that is not plain digits (write_head rejects it: a 500 before
     # anything is sent); nil when there is none (or it is nil, which
-    # head.c treats as absent). Any case of the name, as head.c reads it.
+    # sv_write_head treats as absent). Any case of the name, as sv_write_head
+    # reads it.
     def declared_length(headers)
       return nil unless headers.is_a?(Hash) # converted (or refused) by write_head; streamed as before
 
