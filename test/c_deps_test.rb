@@ -119,6 +119,7 @@ class CDepsTest < Minitest::Test
     g = CDeps.graph(objdir)
     assert_includes g["request"]["env"].symbols, "sv_build_env"
     assert_includes g["core"]["request"].symbols, "sv_request_new"
+    assert_includes g["core"]["request"].symbols, "sv_polls_poll" # thread polls are in request.c
     assert_includes g["loop"].keys, "conn"
     refute_includes g["conn"].keys, "loop"
     refute_includes g["request"].keys, "balance"

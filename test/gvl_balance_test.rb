@@ -117,7 +117,7 @@ class GVLBalanceTest < Minitest::Test
     assert_equal [[nil, pids[0]]], seen.uniq
   end
 
-  # Thread polls (ext/serval/polls.c) are in effect in a cluster worker with
+  # Thread polls (ext/serval/request.c) are in effect in a cluster worker with
   # gvl_balance on (the default): each worker's check-in says so, and under
   # keep-alive load from eight clients at a time, on new connections each
   # round (accepted while the rounds may be the request threads'; a client

@@ -99,7 +99,7 @@ class LoadSheddingTest < Minitest::Test
   end
 
   # With thread polls in effect (Ruby 3.3: the request thread reads the
-  # requests between requests while the loop parks, ext/serval/polls.c):
+  # requests between requests while the loop parks, ext/serval/request.c):
   # sixteen keep-alive clients keep a single thread busy with requests of a
   # millisecond of CPU, so the queue's predicted wait passes a 2 ms budget.
   # The decisions are taken in the thread's own rounds too; every request is

@@ -3,7 +3,7 @@
 require "test_helper"
 require "support/http_wire"
 
-# Thread polls (ext/serval/polls.c, docs/DESIGN.md "Thread polls"): request
+# Thread polls (ext/serval/request.c, docs/DESIGN.md "Thread polls"): request
 # threads read new requests between requests while the event loop parks, and
 # a queued request wakes a sleeping thread only when the running one blocks
 # or computes for long. These tests check when it is on, that requests under
@@ -84,7 +84,7 @@ class ThreadPollsTest < Minitest::Test
 
   # Four clients, each one request at a time: whenever the threads have
   # answered everything sent so far they have nothing to do, and one of them
-  # waits on the epoll itself (polls.c sv_polls_wait) instead of handing it
+  # waits on the epoll itself (request.c sv_polls_wait) instead of handing it
   # back to the loop thread, so the next request is read by the thread that
   # runs it. Every answer is the right one, and such waits happened.
   def test_a_thread_with_nothing_to_do_waits_on_the_epoll_for_the_next_request

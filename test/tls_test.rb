@@ -101,7 +101,7 @@ class TLSTest < Minitest::Test
     ssl
   end
 
-  # Thread polls (ext/serval/polls.c) work with a TLS listener: request
+  # Thread polls (ext/serval/request.c) work with a TLS listener: request
   # threads read open sessions between requests, and a handshake met in a
   # round they run with the GVL goes back to the loop thread (loop.c
   # leave_to_loop_thread). Six clients, each five sessions of twenty

@@ -12,7 +12,6 @@
 #include "conn.h"
 #include "errlog.h"
 #include "loop.h"
-#include "polls.h"
 #include "request.h"
 #include "hooks.h"
 #include "tls.h"
@@ -214,7 +213,7 @@ static void read_options(sv_options *o, VALUE opts)
     o->min_body_rate = opt_num(opts, "min_body_rate");
     o->max_queue_time = opt_num(opts, "max_queue_time");
     VALUE polls = rb_hash_lookup2(opts, ID2SYM(rb_intern("thread_polls")), Qtrue);
-    o->thread_polls = RTEST(polls); /* absent: on where possible (polls.c) */
+    o->thread_polls = RTEST(polls); /* absent: on where possible (request.c) */
     o->balance = RTEST(rb_hash_lookup(opts, ID2SYM(rb_intern("balance"))));
     o->balance_close = o->balance && RTEST(rb_hash_lookup(opts, ID2SYM(rb_intern("balance_close"))));
     read_remote(o, opts);
@@ -305,7 +304,7 @@ typedef struct {
     int interrupted;
     sv_conn *got;
     sv_waiter *waiter;   /* while asleep (for wait_ubf); set and cleared under core->mu */
-    int yielding;        /* thread polls: sleep though requests are queued, until woken (polls.c) */
+    int yielding;        /* thread polls: sleep though requests are queued, until woken (request.c) */
     int retry;           /* thread polls: woken for a queued request; take it holding the GVL */
     int polling;         /* thread polls: waiting on the epoll (sv_polls_wait); set and cleared under core->mu */
 } wait_args;
@@ -384,7 +383,7 @@ static void *wait_nogvl(void *p)
     if (atomic_load(&core->duty) && core->q_head && !nothing_more(core))
         a->retry = 1; /* take it with the GVL (core_next): not hold it while others run */
     else if ((a->got = pop_locked(core, 0)) && core->polls_on)
-        atomic_fetch_add(&core->unstarted, 1); /* until this thread has the GVL (polls.c) */
+        atomic_fetch_add(&core->unstarted, 1); /* until this thread has the GVL (request.c) */
     pthread_mutex_unlock(&core->mu);
     pthread_cond_destroy(&w.cv);
     return NULL;
@@ -417,7 +416,7 @@ static VALUE wait_protected(VALUE p)
     return Qnil;
 }
 
-/* With thread polls (polls.c) the thread may first leave the queue to
+/* With thread polls (request.c) the thread may first leave the queue to
  * another (sv_polls_yield) or run a round of the loop's events itself
  * (sv_polls_poll); without, it takes the queue's head or sleeps. */
 static VALUE core_next(VALUE self, VALUE timeout)
@@ -532,7 +531,7 @@ static VALUE core_stats(VALUE self)
     rb_hash_aset(h, ID2SYM(rb_intern("output_spilled_bytes")), ULL2NUM(atomic_load(&core->spill_used)));
     rb_hash_aset(h, ID2SYM(rb_intern("output_spills")), ULONG2NUM(atomic_load(&core->spills)));
     rb_hash_aset(h, ID2SYM(rb_intern("output_waits")), ULONG2NUM(atomic_load(&core->spill_waits)));
-    rb_hash_aset(h, ID2SYM(rb_intern("thread_polls")), core->polls_on ? Qtrue : Qfalse); /* polls.c */
+    rb_hash_aset(h, ID2SYM(rb_intern("thread_polls")), core->polls_on ? Qtrue : Qfalse); /* request.c */
     rb_hash_aset(h, ID2SYM(rb_intern("polled_rounds")), ULONG2NUM(atomic_load(&core->polled_rounds)));
     rb_hash_aset(h, ID2SYM(rb_intern("polled_waits")), ULONG2NUM(atomic_load(&core->polled_waits)));
     rb_hash_aset(h, ID2SYM(rb_intern("draining")), draining ? Qtrue : Qfalse);

@@ -56,7 +56,7 @@ extern sv_hook_table sv_hooks;
 
 /* Set by fairness.c around the GVL release that gives a waiting thread its
  * turn: the GVL hook counts that release as stall (the thread wants the GVL
- * back at once), not as idle, and thread polls (polls.c) as a preemption.
+ * back at once), not as idle, and thread polls (request.c) as a preemption.
  * Owner thread only. */
 extern __thread int sv_gvl_yielding;
 

@@ -429,7 +429,7 @@ static void dispatch(sv_conn *c)
         sv_wake_all(core); /* one takes the request, the others may leave */
     else if (!atomic_load(&core->duty))
         sv_wake_dispatched(core); /* one sleeping thread, if any (conn.c) */
-    /* thread polls (polls.c): the running threads take it; one sleeping is
+    /* thread polls (request.c): the running threads take it; one sleeping is
      * woken when they block, or by the parked loop */
     pthread_mutex_unlock(&core->mu);
 }
@@ -760,7 +760,7 @@ static int conn_owned(sv_conn *c, uint32_t events)
  * leaves a TLS handshake's CPU to the loop thread, which does it without
  * the GVL: the connection is armed again (one-shot, level-triggered: its
  * event comes back) and the duty ends, so that the loop thread, not a
- * request thread, waits on the epoll next (polls.c). After the handshake
+ * request thread, waits on the epoll next (request.c). After the handshake
  * the connection's reads are a request thread's work again. */
 void sv_loop_unpark_locked(sv_core *core)
 {
@@ -989,7 +989,7 @@ static void housekeeping(sv_core *core)
     bury(core); /* no event of this round names them any more */
 }
 
-/* Thread polls (polls.c): after a round, request threads that took a
+/* Thread polls (request.c): after a round, request threads that took a
  * request within SV_PARK_MS will be back in Core#next soon and poll there.
  * A thread alone in a long request is not waited for. */
 static int threads_will_poll(sv_core *core)

@@ -9,7 +9,7 @@
  * (loop -> Ruby) and through an atomic store followed by an epoll re-arm or the
  * return list (Ruby -> loop). The loop thread never touches a Ruby object.
  * "The loop" is whoever holds core->poll_mu: the loop thread, or a request
- * thread running a round while the loop thread is parked (polls.c); the
+ * thread running a round while the loop thread is parked (request.c); the
  * round is the same C code and touches no Ruby object either.
  */
 #ifndef SERVAL_H
@@ -33,7 +33,7 @@
 #define SV_SCAN_INTERVAL_MS 50       /* timeout scan granularity */
 #define SV_IDLE_RELEASE_MS 50       /* a keep-alive connection idle this long gives its buffers back (loop.c scan) */
 #define SV_KEEP_OPEN 256             /* connections open up to which one keeps its buffers between requests (conn.c) */
-#define SV_POLL_EVERY_MS 0.1         /* thread polls: a request thread polls at least this often (polls.c) */
+#define SV_POLL_EVERY_MS 0.1         /* thread polls: a request thread polls at least this often (request.c) */
 #define SV_YOUNG_MS 1                /* thread polls: a preempted request this young goes before the queue */
 #define SV_PARK_MS 2                 /* thread polls: the loop takes the epoll back after this long without a poll */
 #define SV_ACCEPT_BATCH 64           /* accepts per listener event */
@@ -212,7 +212,7 @@ typedef struct {
     int balance_close;           /* ... and end a keep-alive connection whose response starts while
                                   * no thread is free (gvl_balance) */
     double max_queue_time;       /* load shedding budget in seconds (shed.h); 0: off */
-    int thread_polls;            /* asked for: request threads poll while the loop parks (polls.c) */
+    int thread_polls;            /* asked for: request threads poll while the loop parks (request.c) */
     /* set_remote_address (docs/configuration.md): at most one of these three */
     int proxy_versions;          /* SV_PROXY_V1 | SV_PROXY_V2 (parser.h): each connection starts with a PROXY header */
     char remote_value[SV_REMOTE_MAX];         /* non-empty: REMOTE_ADDR of every request */
@@ -228,7 +228,7 @@ struct sv_core {
     int wake_kind;               /* epoll tag for wakefd (SV_KIND_WAKE) */
     pthread_t thread;
     int started;
-    /* Thread polls (polls.c): who runs a round of events is whoever holds
+    /* Thread polls (request.c): who runs a round of events is whoever holds
      * poll_mu. The loop thread holds it, except while it is parked (duty):
      * then request threads poll in Core#next between requests, so that an
      * arrival while they run wakes no thread. */
