@@ -29,6 +29,10 @@ module Bench
       def tagged? = workload.tagged?
       def ready_path = "/"
       def boot_timeout = ctx.boot_timeout
+      # seconds of closed-loop load before a sweep point's measurement
+      def sweep_warmup = workload.warmup
+      # seconds of open-loop arrivals not counted on a fresh server
+      def open_warmup = Integer(ENV.fetch("BENCH_ADVICE_OPEN_WARMUP", "2"))
 
       def thread_counts
         max = ENV["BENCH_ADVICE_MAX_THREADS"]&.then { |v| Integer(v) } || default_max_threads
@@ -113,7 +117,7 @@ module Bench
       def key = "mixed"
       def label = "mixed routes"
       def app = "advice_mixed.ru"
-      def default_max_threads = 10
+      def default_max_threads = 12
       # bench/apps/advice_mixed.ru's routes (its comment gives each one's work)
       def routes = [["/posts/1", 60], ["/feed", 30], ["/reports/1", 10]]
 
@@ -159,7 +163,14 @@ module Bench
       def app = "config.ru"
       def ready_path = "/up"
       def boot_timeout = [ctx.boot_timeout, 90].max
-      def default_max_threads = 8
+      # a fresh Rails process serves its first requests slowly (the first
+      # /posts compiles its views: 126 ms; the first /db 339 ms): at 1
+      # thread 1 s of warm-up left the sweep's point at 61 req/s where the
+      # same requests warm run at ~105 (session 21, bench/NOTES.md). So
+      # BENCH_ADVICE_RAILS_WARMUP (5) s closed loop, 10 s open loop.
+      def sweep_warmup = Integer(ENV.fetch("BENCH_ADVICE_RAILS_WARMUP", "5"))
+      def open_warmup = Integer(ENV.fetch("BENCH_ADVICE_OPEN_WARMUP", "10"))
+      def default_max_threads = 16
       def routes = [["/db", 60], ["/posts", 30], ["/slow?ms=80", 10]]
 
       def description

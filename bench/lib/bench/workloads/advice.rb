@@ -53,7 +53,7 @@ module Bench
       # auto vs fixed: open-loop arrivals at this share of the best req/s
       def auto_load = Float(ENV.fetch("BENCH_ADVICE_AUTO_LOAD", "0.8"))
       def auto_check? = ENV.fetch("BENCH_ADVICE_AUTO", "1") != "0"
-      def auto_warmup = Integer(ENV.fetch("BENCH_AUTO_WARMUP", quick? ? "25" : "40"))
+      def auto_warmup = Integer(ENV.fetch("BENCH_AUTO_WARMUP", "40"))
       # The thread count the advice is measured at: the middle of the share's
       # sweep (the issue's "a middle thread count"), or BENCH_ADVICE_WINDOW_THREADS.
       def window_threads(share)
@@ -143,7 +143,7 @@ module Bench
         sweep = counts.map do |t|
           list = runs[t]
           { "threads" => t, "rps" => median(list.map { |r| r["rps"] }), "p99_ms" => median(list.map { |r| r["p99_ms"] }),
-            "rounds" => list.map { |r| r["rps"].round(1) },
+            "rounds" => list.map { |r| r["rps"].round(1) }, "cpu_ms_per_request" => median(list.filter_map { |r| r["cpu_ms"] }),
             "model_rps" => advice.dig("sweep", t - 1, "rps") }
         end
         best = sweep.map { |r| r["rps"] }.max
@@ -251,10 +251,17 @@ module Bench
       def closed(server, kase, db_path, threads, round = 0)
         with_db_server(server, db_path, threads, kase: kase) do |proc|
           target = kase.wrk_target(proc.port, base: SWEEP_TAG_BASE * (round + 1), strata: tagged? ? SWEEP_STRATA : nil)
-          Wrk.run(ctx, target[:url], duration: warmup, connections: threads, **target[:opts])
+          Wrk.run(ctx, target[:url], duration: kase.sweep_warmup, connections: threads, **target[:opts])
+          cpu0 = proc.cpu_seconds
           f = Wrk.run(ctx, target[:url], duration: sweep_seconds, connections: threads, **target[:opts])
-          ctx.log format("advice: %s threads %d: %.1f req/s p99 %s", kase.label, threads, f["rps"], fmt_ms(f["p99_ms"]))
-          { "rps" => f["rps"], "p99_ms" => f["p99_ms"], "command" => f["command"] }
+          cpu1 = proc.cpu_seconds
+          # the server's CPU (user + system, every thread) per request: does
+          # a request cost more CPU at more threads? (bench/NOTES.md "Run
+          # time can grow with threads")
+          cpu_ms = cpu0 && cpu1 && f["requests"].to_i.positive? ? (cpu1 - cpu0) * 1e3 / f["requests"] : nil
+          ctx.log format("advice: %s threads %d: %.1f req/s p99 %s, server CPU %s ms/request", kase.label, threads, f["rps"],
+                         fmt_ms(f["p99_ms"]), cpu_ms ? format("%.2f", cpu_ms) : "-")
+          { "rps" => f["rps"], "p99_ms" => f["p99_ms"], "cpu_ms" => cpu_ms, "command" => f["command"] }
         end
       end
 
@@ -391,7 +398,7 @@ module Bench
         runs = Array.new(rounds) do |i|
           with_db_server(server, db_path, threads, kase: kase) do |proc|
             target = kase.wrk_target(proc.port, base: 7 * SWEEP_TAG_BASE + (i * 10_000_000))
-            Wrk.run(ctx, target[:url], duration: warmup, connections: 2 * threads, **target[:opts])
+            Wrk.run(ctx, target[:url], duration: kase.sweep_warmup, connections: 2 * threads, **target[:opts])
             Wrk.run(ctx, target[:url], duration: capacity_seconds, connections: 2 * threads, **target[:opts])
           end
         end
@@ -418,7 +425,7 @@ module Bench
         extra = ["--control-url", "tcp://127.0.0.1:#{control_port}", "--control-token", token]
         with_db_server(server, db_path, threads, extra: extra, kase: kase) do |proc|
           argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), *kase.open_args(proc.port, strata: OPEN_STRATA),
-                                 "--rate", rate.round(3).to_s, "--duration", open_seconds.to_s, "--warmup", "2",
+                                 "--rate", rate.round(3).to_s, "--duration", open_seconds.to_s, "--warmup", kase.open_warmup.to_s,
                                  "--seed", seed.to_s, "--latencies"])
           status, out, timed_out = Util.capture(argv, timeout: open_seconds + 60)
           raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
@@ -593,6 +600,10 @@ module Bench
           end
           notes << "#{label} sweep (threads: measured median / model req/s): " +
                    s["sweep"].map { |r| format("%d: %s / %s", r["threads"], fmt_rps(r["rps"]), fmt_rps(r["model_rps"])) }.join(", ")
+          if s["sweep"].any? { |r| r["cpu_ms_per_request"] }
+            notes << "#{label} server CPU per request (ms, user + system, threads: ms): " +
+                     s["sweep"].map { |r| format("%d: %s", r["threads"], r["cpu_ms_per_request"] ? format("%.2f", r["cpu_ms_per_request"]) : "-") }.join(", ")
+          end
           next unless au
 
           notes << format("%s open loop at %.1f req/s (%.0f %% of best), p99 fixed: %s; auto: %s, changes: %s", label, au["rate"],
