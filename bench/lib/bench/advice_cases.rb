@@ -101,9 +101,14 @@ module Bench
         end.join(",")
       end
 
+      # Requests of the sweep (strata given) hold the routes in proportion in
+      # every ROUTE_BLOCK (mixed_tagged.lua's comment); the advice's window
+      # (no strata) draws them iid, as a real app's traffic comes.
+      ROUTE_BLOCK = 20
+
       def wrk_target(port, base:, strata: nil)
-        { url: "http://127.0.0.1:#{port}/",
-          opts: { script: File.join(__dir__, "mixed_tagged.lua"), script_args: [base, mix(strata)] } }
+        args = [base, mix(strata), *(strata && tagged? ? [ROUTE_BLOCK] : [])]
+        { url: "http://127.0.0.1:#{port}/", opts: { script: File.join(__dir__, "mixed_tagged.lua"), script_args: args } }
       end
 
       def open_args(port, strata:)
