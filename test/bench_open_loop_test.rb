@@ -74,6 +74,25 @@ class BenchOpenLoopTest < Minitest::Test
     assert(Array.new(@paths.size) { @paths.pop }.all? { |p| p == "/" }, "no tag unless asked")
   end
 
+  # --mix: each request goes to one of the paths, drawn by weight from the
+  # seed (the same seed, the same paths in order), tagged after its own query.
+  def test_mix_draws_paths_by_weight_the_same_for_a_seed
+    mix = "/a@60,/b?ms=80@10,/c@30"
+    r = Bench::OpenLoop.new(host: "127.0.0.1", port: @server.addr[1], path: "/", rate: 400, duration: 0.5, warmup: 0.1,
+                            connections: 4, seed: 5, tag: true, mix: mix).run
+    paths = Array.new(@paths.size) { @paths.pop }
+    assert_equal r[:sent], paths.size
+    assert(paths.all? { |p| p.match?(%r{\A/(a\?|c\?|b\?ms=80&)r=\d+\z}) }, paths.first(5).inspect)
+    drawn = Bench::OpenLoop.draw_paths(mix, r[:sent], Random.new(5 + 7919))
+    by_tag = paths.to_h { |p| [p[/r=(\d+)/, 1].to_i - (5 * Bench::OpenLoop::TAG_BASE), p.split(/[?&]r=/).first] }
+    assert_equal drawn, (0...r[:sent]).map { |i| by_tag.fetch(i) }
+    big = Bench::OpenLoop.draw_paths(mix, 20_000, Random.new(1)).tally
+    assert_in_delta 0.6, big["/a"] / 20_000.0, 0.02
+    assert_in_delta 0.1, big["/b?ms=80"] / 20_000.0, 0.01
+    assert_raises(ArgumentError) { Bench::OpenLoop.draw_paths("a@1", 1, Random.new(1)) }
+    assert_raises(ArgumentError) { Bench::OpenLoop.draw_paths("/a@0", 1, Random.new(1)) }
+  end
+
   # bench/run advice leaves a run out of its pooled p99 when the generator
   # fell behind its schedule (more than 1 % of its requests sent late).
   def test_a_run_behind_its_schedule_is_told_apart

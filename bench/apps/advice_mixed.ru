@@ -8,7 +8,8 @@
 #   /feed         view rendering      13 ms, 92 % CPU, 1 query
 #   /reports/:id  slow query          81 ms,  1 % CPU, 1 query
 #
-# bench/lib/bench/mixed_routes.lua asks for them 60 / 30 / 10 %.
+# bench/lib/bench/mixed_routes.lua asks for them 60 / 30 / 10 % (bench/run advice:
+# mixed_tagged.lua and open_loop.rb --mix, tagged).
 work = Rack::Builder.parse_file(File.expand_path("advice.ru", __dir__))
 work = work.first if work.is_a?(Array) # Rack 2: [app, options]
 
@@ -19,6 +20,8 @@ run lambda { |env|
   _, query = ROUTES.find { |re, _| re.match?(env["PATH_INFO"]) }
   next [404, { "content-type" => "text/plain", "content-length" => "0" }, []] unless query
 
-  # the server's env keeps its path: the route key is the request's
-  work.call(env.merge("PATH_INFO" => "/work", "QUERY_STRING" => query))
+  # the server's env keeps its path: the route key is the request's; a tag
+  # (r=N, st=B: advice.ru's comment) is passed on
+  tags = env["QUERY_STRING"].to_s.scan(/(?:\A|&)((?:r|st)=\d{1,18})(?=&|\z)/).flatten
+  work.call(env.merge("PATH_INFO" => "/work", "QUERY_STRING" => [query, *tags].join("&")))
 }

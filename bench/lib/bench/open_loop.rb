@@ -35,13 +35,17 @@ module Bench
   # N (bench/apps/advice.ru) gives every server and thread count the same
   # requests in the same order, so that runs with one seed differ only by the
   # server (common random numbers) and not by which requests drew long.
+  #
+  # --mix "PATH@WEIGHT,PATH@WEIGHT,..." sends each request to one of the
+  # paths (the URL's path is then unused), drawn by weight from a sequence
+  # seeded with the seed: one seed, the same paths in the same order.
   class OpenLoop
     TAG_BASE = 10_000_000
     def initialize(host:, port:, path:, rate:, duration:, warmup: 2.0, connections: 64, seed: 1, timeout: 30.0,
-                   latencies: false, tag: false)
+                   latencies: false, tag: false, mix: nil)
       raise ArgumentError, "rate must be > 0" unless rate.positive?
 
-      @tag = tag && [seed * TAG_BASE, path.include?("?") ? "&" : "?"]
+      @tag = tag && (seed * TAG_BASE)
 
       @host = host
       @port = port
@@ -60,6 +64,7 @@ module Bench
 
         @schedule << t
       end
+      @paths = mix && OpenLoop.draw_paths(mix, @schedule.size, Random.new(seed + 7919))
       @rate = rate
       @next = 0
       @lock = Mutex.new
@@ -96,6 +101,23 @@ module Bench
     private
 
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+    # "PATH@W,PATH@W" -> one path per scheduled request, drawn by weight.
+    def self.draw_paths(spec, count, rng)
+      routes = spec.split(",").map do |part|
+        path, weight = part.split(/@(?=[\d.]+\z)/, 2)
+        raise ArgumentError, "--mix: #{part.inspect} is not PATH@WEIGHT" unless path&.start_with?("/") && weight
+
+        [path, Float(weight)]
+      end
+      total = routes.sum(&:last)
+      raise ArgumentError, "--mix: the weights sum to 0" unless total.positive?
+
+      Array.new(count) do
+        u = rng.rand * total
+        routes.find { |_, w| (u -= w).negative? }&.first || routes.last.first
+      end
+    end
 
     def take
       @lock.synchronize do
@@ -142,7 +164,8 @@ module Bench
     # code of a complete response (nil for none) and whether the server
     # closes the connection after it.
     def request(sock, index)
-      path = @tag ? "#{@path}#{@tag[1]}r=#{@tag[0] + index}" : @path
+      base = @paths ? @paths[index] : @path
+      path = @tag ? "#{base}#{base.include?('?') ? '&' : '?'}r=#{@tag + index}" : base
       sock.write("GET #{path} HTTP/1.1\r\nHost: #{@host}:#{@port}\r\n\r\n")
       status = read_line(sock) or return [nil, true]
       length = nil
@@ -180,11 +203,12 @@ if $PROGRAM_NAME == __FILE__
     op.on("--seed N", Integer) { |v| o[:seed] = v }
     op.on("--latencies") { o[:latencies] = true }
     op.on("--tag") { o[:tag] = true }
+    op.on("--mix SPEC") { |v| o[:mix] = v }
   end.parse!
   abort "usage: open_loop.rb --url URL --rate R --duration S" unless o[:url] && o[:rate] && o[:duration]
   m = o[:url].match(%r{\Ahttp://([^:/]+):(\d+)(/.*)?\z}) or abort "open_loop.rb: --url must be http://HOST:PORT/PATH"
   lg = Bench::OpenLoop.new(host: m[1], port: Integer(m[2]), path: m[3] || "/", rate: o[:rate], duration: o[:duration],
                            warmup: o[:warmup], connections: o[:connections], seed: o[:seed],
-                           latencies: o.fetch(:latencies, false), tag: o.fetch(:tag, false))
+                           latencies: o.fetch(:latencies, false), tag: o.fetch(:tag, false), mix: o[:mix])
   puts JSON.generate(lg.run)
 end

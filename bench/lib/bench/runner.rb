@@ -9,12 +9,13 @@ module Bench
   # print one table per workload and write bench/results/latest.json.
   class Runner
     USAGE = <<~TEXT
-      usage: bench/run [--servers=serval,puma,...] [--check] [--out=FILE] [--docs|--no-docs] [WORKLOAD...|all]
+      usage: bench/run [--servers=serval,puma,...] [--check] [--quick] [--out=FILE] [--docs|--no-docs] [WORKLOAD...|all]
       workloads: %<workloads>s (default: all)
       servers:   %<servers>s (default: all; one whose gem is missing is skipped and named;
                  iodine and nginx run only where a workload names them (connections) unless --servers does)
       --docs: write the tables into docs/benchmarks/latest.md (between markers) and charts into
               docs/benchmarks/*.png (gnuplot); the default for `all`
+      --quick: shorter runs where a workload has a quick mode (BENCH_QUICK=1; advice)
       environment: BENCH_DURATION (5 s) BENCH_WARMUP (2 s) BENCH_ROUNDS (1) BENCH_THREADS (4)
                    BENCH_CONNECTIONS (16) BENCH_SERVER_CPU (0) BENCH_CLIENT_CPU (1) BENCH_PIN (1)
                    BENCH_SLOW_CONNECTIONS (200) BENCH_SLOW_PROBES (50) SERVAL_EXE (exe/serval)
@@ -46,6 +47,7 @@ module Bench
         when "-h", "--help" then @out.puts(usage)
                                  return nil
         when "--check" then @check = true
+        when "--quick" then ENV["BENCH_QUICK"] = "1"
         when "--docs" then @docs = true
         when "--no-docs" then @docs = false
         when /\A--servers=(.+)\z/ then @server_names = Regexp.last_match(1).split(",")

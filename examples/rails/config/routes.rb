@@ -7,6 +7,7 @@ Rails.application.routes.draw do
   get "plain" => "pages#plain"
   get "db" => "pages#db"
   get "cpu" => "pages#cpu"
+  get "slow" => "pages#slow"
   resources :jobs, only: %i[ create show ], param: :token
 
   # 200 when the app booted (load balancers, bench/run's readiness check)

@@ -3,6 +3,7 @@
 require "json"
 require "fileutils"
 require_relative "../advice_source"
+require_relative "../advice_cases"
 
 module Bench
   module Workloads
@@ -16,25 +17,54 @@ module Bench
     # and open-loop runs (bench/lib/bench/open_loop.rb) at 50 % and 80 % of
     # it give the p99 to hold against the advice's p99 at 50 % and 80 % of
     # its own max req/s (#open_loop says why each side's own capacity).
+    #
+    # Besides the CPU shares (AdviceCases::Synthetic), the same check runs on
+    # a mixed-route app and on examples/rails in production
+    # (BENCH_ADVICE_CASES, "mixed,rails"; AdviceCases says what each is), and
+    # for every workload `threads :auto`'s open-loop p99 is held against the
+    # best fixed count's at the same arrivals (#auto_compare). --quick
+    # (BENCH_QUICK=1): shares 70 and 35 %, one round, one load point (80 %),
+    # shorter runs: the whole check in ~20 minutes.
     class Advice < Workload
       register "advice"
 
       DB_CPU_NOTE = "the stand-in database and both load generators run on the client CPU"
 
       def name = "advice"
+      def quick? = ENV["BENCH_QUICK"] == "1"
       def request_ms = Float(ENV.fetch("BENCH_ADVICE_MS", "20"))
       def queries = Integer(ENV.fetch("BENCH_ADVICE_QUERIES", "2"))
-      def shares = ENV.fetch("BENCH_ADVICE_SHARES", "0.7,0.35,0.2,0.1").split(",").map { |s| Float(s) }
+      def shares = ENV.fetch("BENCH_ADVICE_SHARES", quick? ? "0.7,0.35" : "0.7,0.35,0.2,0.1").split(",").map { |s| Float(s) }
+
+      # The workloads checked: the shares, then BENCH_ADVICE_CASES (mixed,
+      # rails; "none" for the shares alone).
+      def cases
+        extra = ENV.fetch("BENCH_ADVICE_CASES", "mixed,rails").split(",").map(&:strip) - ["none", ""]
+        extra.each { |c| raise Error, "BENCH_ADVICE_CASES: #{c} is not mixed or rails" unless %w[mixed rails].include?(c) }
+        shares.map { |sh| AdviceCases::Synthetic.new(self, sh) } +
+          extra.map { |c| c == "mixed" ? AdviceCases::Mixed.new(self) : AdviceCases::Rails.new(self) }
+      end
+
+      def as_case(kase) = kase.is_a?(Numeric) ? AdviceCases::Synthetic.new(self, kase) : kase
+
+      # The open-loop load points measured (shares of the sweep's best
+      # req/s): BENCH_ADVICE_LOADS, "0.5,0.8" (quick: "0.8").
+      def loads = ENV.fetch("BENCH_ADVICE_LOADS", quick? ? "0.8" : "0.5,0.8").split(",").map { |v| Float(v) }
+      # auto vs fixed: open-loop arrivals at this share of the best req/s
+      def auto_load = Float(ENV.fetch("BENCH_ADVICE_AUTO_LOAD", "0.8"))
+      def auto_check? = ENV.fetch("BENCH_ADVICE_AUTO", "1") != "0"
+      def auto_warmup = Integer(ENV.fetch("BENCH_AUTO_WARMUP", "40"))
       # The thread count the advice is measured at: the middle of the share's
       # sweep (the issue's "a middle thread count"), or BENCH_ADVICE_WINDOW_THREADS.
       def window_threads(share)
         env = ENV["BENCH_ADVICE_WINDOW_THREADS"]
         env ? Integer(env) : (thread_counts(share).max / 2.0).ceil
       end
-      def window_requests = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_REQUESTS", "4000")) # or BENCH_ADVICE_WINDOW_DURATION s
+      def window_requests = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_REQUESTS", quick? ? "1500" : "4000")) # or BENCH_ADVICE_WINDOW_DURATION s
       def window_max_seconds = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_DURATION", "60"))
-      def open_seconds = Integer(ENV.fetch("BENCH_ADVICE_OPEN_DURATION", "20"))
-      def rounds = [ctx.rounds, Integer(ENV.fetch("BENCH_ADVICE_ROUNDS", "2"))].max
+      def open_seconds = Integer(ENV.fetch("BENCH_ADVICE_OPEN_DURATION", quick? ? "15" : "20"))
+      def rounds = [ctx.rounds, Integer(ENV.fetch("BENCH_ADVICE_ROUNDS", quick? ? "1" : "2"))].max
+      def sweep_seconds = quick? ? Integer(ENV.fetch("BENCH_DURATION", "3")) : ctx.duration
       def warmup = [ctx.warmup, 1].min
       def server_names = %w[serval]
 
@@ -50,9 +80,12 @@ module Bench
       def stratified_path(share, strata) = "#{path(share)}#{"&st=#{strata}" if tagged?}"
 
       def description
-        "#{request_ms.round} ms requests, exponential CPU (share #{shares.map { |s| "#{(s * 100).round} %" }.join(', ')}) " \
-          "and #{queries} round trips to a stand-in database; advice from Serval at #{shares.map { |s| window_threads(s) }.join("/")} threads, then " \
-          "sweep -c = threads (median of #{rounds}) and open-loop p99, server on CPU #{ctx.server_cpu}"
+        "#{cases.map(&:label).join(', ')} (#{request_ms.round} ms requests with exponential CPU and #{queries} round trips to a " \
+          "stand-in database at each CPU share; the others below); " \
+          "advice from Serval at #{cases.map(&:window_threads).join("/")} threads, then " \
+          "sweep -c = threads (median of #{rounds}, #{sweep_seconds} s) and open-loop p99 (#{open_seconds} s runs), " \
+          "#{auto_check? ? "threads :auto against the best fixed count open loop at #{(auto_load * 100).round} % of the best req/s, " : ''}" \
+          "server on CPU #{ctx.server_cpu}"
       end
 
       def run(servers)
@@ -60,14 +93,29 @@ module Bench
         db_path = File.join(ctx.scratch, "fake_db.sock")
         db = start_db(db_path)
         @windows = {}
-        per_share = shares.map { |share| measure_share(server, share, db_path) }
+        per_share = cases.map { |kase| run_case(server, kase, db_path) }
+        measured = per_share.reject { |s| s["skipped"] }
         { "name" => name, "description" => description,
           "servers" => { "serval" => { "version" => server.version, "shares" => per_share } },
           "ratio" => nil, "pick" => "median of #{rounds} rounds per thread count",
-          "check" => { "target" => "threads within 1 of the knee, max req/s within 10 %, p99 within 25 %",
-                       "ok" => per_share.all? { |s| s["ok"] } } }
+          "check" => { "target" => "threads within 1 of the knee, max req/s within 10 %, p99 within 25 %" \
+                                   "#{auto_check? ? '; auto open-loop p99 <= 1.1 x the best fixed count\'s' : ''}",
+                       "ok" => measured.all? { |s| s["ok"] && (s["auto"].nil? || s["auto"]["ok"]) } } }
       ensure
         Util.stop(db) if db
+      end
+
+      def run_case(server, kase, db_path)
+        reason = kase.respond_to?(:unavailable_reason) && kase.unavailable_reason
+        if reason
+          ctx.log "advice: #{kase.label}: not run: #{reason}"
+          return { "case" => kase.key, "label" => kase.label, "skipped" => reason, "ok" => nil }
+        end
+
+        kase.setup
+        measure_share(server, kase, db_path)
+      ensure
+        kase.teardown if kase && !reason
       end
 
       def skipped
@@ -85,34 +133,38 @@ module Bench
         pid
       end
 
-      def measure_share(server, share, db_path)
-        advice = ask_advice(server, share, db_path)
-        counts = thread_counts(share)
+      def measure_share(server, kase, db_path)
+        advice = ask_advice(server, kase, db_path)
+        counts = kase.thread_counts
         runs = Hash.new { |h, k| h[k] = [] }
         rounds.times do |round|
-          (round.even? ? counts : counts.reverse).each { |t| runs[t] << closed(server, share, db_path, t, round) }
+          (round.even? ? counts : counts.reverse).each { |t| runs[t] << closed(server, kase, db_path, t, round) }
         end
         sweep = counts.map do |t|
           list = runs[t]
           { "threads" => t, "rps" => median(list.map { |r| r["rps"] }), "p99_ms" => median(list.map { |r| r["p99_ms"] }),
-            "rounds" => list.map { |r| r["rps"].round(1) },
+            "rounds" => list.map { |r| r["rps"].round(1) }, "cpu_ms_per_request" => median(list.filter_map { |r| r["cpu_ms"] }),
             "model_rps" => advice.dig("sweep", t - 1, "rps") }
         end
         best = sweep.map { |r| r["rps"] }.max
         knee = sweep.find { |r| r["rps"] >= 0.95 * best }["threads"]
-        open = advice["threads"] ? open_loop(server, share, db_path, advice, best) : []
-        summarize(share, advice, sweep, best, knee, open)
+        open = advice["threads"] ? open_loop(server, kase, db_path, advice, best) : []
+        out = summarize(kase, advice, sweep, best, knee, open)
+        out["auto"] = auto_compare(server, kase, db_path, advice, best, knee) if auto_check?
+        out
       end
 
-      def summarize(share, advice, sweep, best, knee, open)
+      def summarize(kase, advice, sweep, best, knee, open)
+        share = kase.label
         threads = advice["threads"]
         rps_err = threads && (advice["max_rps_per_process"] / best) - 1
         p99_ok = open.all? { |o| o["p99_err"] && o["p99_err"].abs <= 0.25 }
         ok = threads && (threads - knee).abs <= 1 && rps_err.abs <= 0.10 && p99_ok && !open.empty?
         own_ok = !open.empty? && open.all? { |o| o["own_p99_err"] && o["own_p99_err"].abs <= 0.25 }
-        ctx.log format("advice: cpu %.2f advised %s knee %d predicted %.1f best %.1f", share, threads.inspect, knee,
+        ctx.log format("advice: %s advised %s knee %d predicted %.1f best %.1f", share, threads.inspect, knee,
                        advice["max_rps_per_process"].to_f, best)
-        { "share" => share, "advice" => advice.slice("source", "threads", "knee", "cpu_share", "max_rps_per_process",
+        { "share" => kase.respond_to?(:share) ? kase.share : nil, "case" => kase.key, "label" => kase.label,
+          "description" => kase.description, "advice" => advice.slice("source", "threads", "knee", "cpu_share", "max_rps_per_process",
                                                      "requests", "warnings", "workload", "stall", "measured",
                                                      "cpu_steadiness", "precision"),
           "advised_threads" => threads, "knee" => knee, "best_rps" => best, "predicted_rps" => advice["max_rps_per_process"],
@@ -121,14 +173,11 @@ module Bench
       end
 
       # Serval at the window's thread count under load, then its advice.
-      def ask_advice(server, share, db_path)
+      def ask_advice(server, kase, db_path)
         control_port = Util.free_port
         token = AdviceSource.token
-        proc = AdviceServer.new(server, app: app_path("advice.ru"), port: Util.free_port, threads: window_threads(share),
-                                extra: AdviceSource.server_flags(control_port, token, log: AdviceSource.log?),
-                                db: db_path).start
-        proc.wait_ready(path: "/")
-        url = "http://127.0.0.1:#{proc.port}#{path(share)}"
+        threads = kase.window_threads
+        proc = kase.start(server, threads, db_path, extra: AdviceSource.server_flags(control_port, token, log: AdviceSource.log?))
         seconds = 0
         # Load in 5 s steps until the window holds enough requests (the
         # advice wants 1,000, and its precision grows with the samples, up to
@@ -139,14 +188,14 @@ module Bench
         # Each 5 s step starts 10^6 tags further on.
         base = (200 + rand(100_000)) * 10_000_000
         while seconds < window_max_seconds && counted(proc, control_port, token) < window_requests
-          tags = tagged? ? { script: Wrk.tagged_script, script_args: [base + (seconds * 200_000)] } : {}
-          Wrk.run(ctx, url, duration: 5, connections: window_threads(share), **tags)
+          target = kase.wrk_target(proc.port, base: base + (seconds * 200_000))
+          Wrk.run(ctx, target[:url], duration: 5, connections: threads, **target[:opts])
           seconds += 5
         end
         advice = AdviceSource.fetch(control_port: control_port, token: token, log_path: proc.log_path,
-                                    threads: window_threads(share), seconds: seconds)
-        @windows[share] = AdviceSource.window(control_port, token)
-        save_window(share)
+                                    threads: threads, seconds: seconds)
+        @windows[kase.key] = AdviceSource.window(control_port, token)
+        save_window(kase.key)
         advice
       ensure
         proc&.stop
@@ -199,14 +248,20 @@ module Bench
 
       def tagged? = ENV.fetch("BENCH_ADVICE_TAGGED", "1") != "0"
 
-      def closed(server, share, db_path, threads, round = 0)
-        with_db_server(server, db_path, threads) do |proc|
-          url = "http://127.0.0.1:#{proc.port}#{stratified_path(share, SWEEP_STRATA)}"
-          tags = tagged? ? { script: Wrk.tagged_script, script_args: [SWEEP_TAG_BASE * (round + 1)] } : {}
-          Wrk.run(ctx, url, duration: warmup, connections: threads, **tags)
-          f = Wrk.run(ctx, url, duration: ctx.duration, connections: threads, **tags)
-          ctx.log format("advice: cpu %.2f threads %d: %.1f req/s p99 %s", share, threads, f["rps"], fmt_ms(f["p99_ms"]))
-          { "rps" => f["rps"], "p99_ms" => f["p99_ms"], "command" => f["command"] }
+      def closed(server, kase, db_path, threads, round = 0)
+        with_db_server(server, db_path, threads, kase: kase) do |proc|
+          target = kase.wrk_target(proc.port, base: SWEEP_TAG_BASE * (round + 1), strata: tagged? ? SWEEP_STRATA : nil)
+          Wrk.run(ctx, target[:url], duration: kase.sweep_warmup, connections: threads, **target[:opts])
+          cpu0 = proc.cpu_seconds
+          f = Wrk.run(ctx, target[:url], duration: sweep_seconds, connections: threads, **target[:opts])
+          cpu1 = proc.cpu_seconds
+          # the server's CPU (user + system, every thread) per request: does
+          # a request cost more CPU at more threads? (bench/NOTES.md "Run
+          # time can grow with threads")
+          cpu_ms = cpu0 && cpu1 && f["requests"].to_i.positive? ? (cpu1 - cpu0) * 1e3 / f["requests"] : nil
+          ctx.log format("advice: %s threads %d: %.1f req/s p99 %s, server CPU %s ms/request", kase.label, threads, f["rps"],
+                         fmt_ms(f["p99_ms"]), cpu_ms ? format("%.2f", cpu_ms) : "-")
+          { "rps" => f["rps"], "p99_ms" => f["p99_ms"], "cpu_ms" => cpu_ms, "command" => f["command"] }
         end
       end
 
@@ -245,19 +300,21 @@ module Bench
 
       def on_schedule?(run) = self.class.on_schedule?(run)
 
-      def open_loop(server, share, db_path, advice, best)
+      def open_loop(server, kase, db_path, advice, best)
+        share = kase.label
         threads = advice["threads"]
         capacity = case load_basis
-                   when "measured" then measured_capacity(server, share, db_path, threads)
+                   when "measured" then measured_capacity(server, kase, db_path, threads)
                    when "best" then { "rps" => best, "source" => "the sweep's best median req/s" }
                    end
-        Array(advice["load"]).map do |point|
+        Array(advice["load"]).select { |point| loads.any? { |l| (l - point["load"].to_f).abs < 1e-6 } }.map do |point|
           rate = capacity ? point["load"] * capacity["rps"] : point["rate"]
+          requested = point["load"]
           if load_basis == "best"
-            point = model_at(share, advice, rate) or
+            point = model_at(kase, advice, rate) or
               raise Error, "no window to recompute the model's p99 at #{rate.round(1)} req/s (GET /window failed)"
           end
-          runs = Array.new(rounds) { |round| open_run(server, share, db_path, threads, rate, round + 1) }
+          runs = Array.new(rounds) { |round| open_run(server, kase, db_path, threads, rate, round + 1) }
           predicted = point["latency_p99"] * 1e3
           kept = runs.select { |m| on_schedule?(m) }
           kept = runs if kept.empty?
@@ -270,11 +327,11 @@ module Bench
           run_mean = runs.sum { |m| m["p99_ms"].to_f } / runs.size
           p99 = Util.percentile(pooled, 0.99)
           p50 = Util.percentile(pooled, 0.5)
-          ctx.log format("advice: cpu %.2f open loop %.1f req/s (%s) at %d threads: p99 %.1f ms pooled, runs %s, late %s " \
+          ctx.log format("advice: %s open loop %.1f req/s (%s) at %d threads: p99 %.1f ms pooled, runs %s, late %s " \
                          "(predicted %.1f at %.1f req/s)",
                          share, rate, load_basis, threads, p99.to_f, runs.map { |m| m["p99_ms"].to_f.round(1) }.inspect,
                          runs.map { |m| m["late"].to_i }.inspect, predicted, point["rate"])
-          { "load" => point["load"], "rate" => rate.round(2), "predicted_rate" => point["rate"], "basis" => load_basis,
+          { "load" => requested, "model_load" => point["load"], "rate" => rate.round(2), "predicted_rate" => point["rate"], "basis" => load_basis,
             "capacity" => capacity, "threads" => threads, "model_threads" => point["model_threads"] || threads,
             "predicted_p50_ms" => point["latency_p50"] * 1e3, "predicted_p99_ms" => predicted,
             "p50_ms" => p50, "p99_ms" => p99, "p99_runs_ms" => runs.map { |m| m["p99_ms"] },
@@ -306,7 +363,8 @@ module Bench
       # server's: one CPU (taskset). nil without a window.
       # The window read after /advice may have lost a bucket, so the model
       # is asked first for its max on this window and then at rate / max.
-      def model_at(share, advice, rate)
+      def model_at(kase, advice, rate)
+        share = kase.key
         window = @windows[share] or return nil
         machine = { cpus: 1.0, cpu_source: "taskset -c #{ctx.server_cpu}" }
         @model_max ||= {}
@@ -314,7 +372,7 @@ module Bench
                                                                      precision: false)[:max_rps_per_process]
         again = Serval::Advice.recommend(window, machine: machine, load_points: [rate / max], precision: false)
         unless again[:threads] == advice["threads"]
-          ctx.log format("advice: cpu %.2f the window read after /advice gives %s threads (the advice %s); p99 at %.1f req/s " \
+          ctx.log format("advice: %s the window read after /advice gives %s threads (the advice %s); p99 at %.1f req/s " \
                          "is the model's at %s", share, again[:threads].inspect, advice["threads"].inspect, rate,
                          again[:threads].inspect)
         end
@@ -323,7 +381,7 @@ module Bench
 
       def basis_note
         case load_basis
-        when "best" then "at 50 % and 80 % of the sweep's best median req/s, the model's p99 at the same rates (from the advice's window)"
+        when "best" then "at #{loads.map { |l| "#{(l * 100).round} %" }.join(' and ')} of the sweep's best median req/s, the model's p99 at the same rates (from the advice's window)"
         when "measured" then "at 50 % and 80 % of the capacity measured there (wrk -c 2 x threads), the model's at 50 % and 80 % of its own max"
         else "at 50 % and 80 % of the model's max req/s, the model's p99 at the same rates"
         end
@@ -335,16 +393,17 @@ module Bench
       # clients as threads, so a request is always waiting for a thread (the
       # saturated rate an open-loop queue sees), `rounds` runs on fresh
       # servers, the mean req/s.
-      def measured_capacity(server, share, db_path, threads)
-        runs = Array.new(rounds) do
-          with_db_server(server, db_path, threads) do |proc|
-            url = "http://127.0.0.1:#{proc.port}#{path(share)}"
-            Wrk.run(ctx, url, duration: warmup, connections: 2 * threads)
-            Wrk.run(ctx, url, duration: capacity_seconds, connections: 2 * threads)
+      def measured_capacity(server, kase, db_path, threads)
+        share = kase.label
+        runs = Array.new(rounds) do |i|
+          with_db_server(server, db_path, threads, kase: kase) do |proc|
+            target = kase.wrk_target(proc.port, base: 7 * SWEEP_TAG_BASE + (i * 10_000_000))
+            Wrk.run(ctx, target[:url], duration: kase.sweep_warmup, connections: 2 * threads, **target[:opts])
+            Wrk.run(ctx, target[:url], duration: capacity_seconds, connections: 2 * threads, **target[:opts])
           end
         end
         rps = runs.sum { |r| r["rps"] } / runs.size
-        ctx.log format("advice: cpu %.2f capacity at %d threads (wrk -c %d): %.1f req/s of %s", share, threads,
+        ctx.log format("advice: %s capacity at %d threads (wrk -c %d): %.1f req/s of %s", share, threads,
                        2 * threads, rps, runs.map { |r| r["rps"].round(1) }.inspect)
         { "rps" => rps.round(2), "runs" => runs.map { |r| r["rps"] }, "connections" => 2 * threads,
           "command" => runs.first["command"] }
@@ -358,21 +417,22 @@ module Bench
       # mean run time differs from the next one's by up to 10 % (13.7 /
       # 15.2 ms at 70 % CPU, 2026-11-26), which near capacity moves p99 by
       # half: `own_*` separates the model's error from that drift.
-      def open_run(server, share, db_path, threads, rate, seed)
+      def open_run(server, kase, db_path, threads, rate, seed)
+        kase = as_case(kase)
+        share = kase.label
         control_port = Util.free_port
         token = AdviceSource.token
         extra = ["--control-url", "tcp://127.0.0.1:#{control_port}", "--control-token", token]
-        with_db_server(server, db_path, threads, extra: extra) do |proc|
-          url = "http://127.0.0.1:#{proc.port}#{stratified_path(share, OPEN_STRATA)}"
-          argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), "--url", url,
-                                 "--rate", rate.round(3).to_s, "--duration", open_seconds.to_s, "--warmup", "2",
-                                 "--seed", seed.to_s, "--latencies", "--tag"])
+        with_db_server(server, db_path, threads, extra: extra, kase: kase) do |proc|
+          argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), *kase.open_args(proc.port, strata: OPEN_STRATA),
+                                 "--rate", rate.round(3).to_s, "--duration", open_seconds.to_s, "--warmup", kase.open_warmup.to_s,
+                                 "--seed", seed.to_s, "--latencies"])
           status, out, timed_out = Util.capture(argv, timeout: open_seconds + 60)
           raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
 
           run = JSON.parse(out.lines.last).merge("command" => argv.join(" ").gsub(/127\.0\.0\.1:\d+/, "127.0.0.1:PORT"))
           own = own_prediction(AdviceSource.window(control_port, token), rate)
-          ctx.log format("advice: cpu %.2f run %d at %.1f req/s: p99 %.1f ms; the model from this run's window: %s", share,
+          ctx.log format("advice: %s run %d at %.1f req/s: p99 %.1f ms; the model from this run's window: %s", share,
                          seed, rate, run["p99_ms"].to_f, own ? format("p99 %.1f ms (max %.1f req/s)", own["p99_ms"], own["max_rps"]) : "-")
           run.merge("own" => own)
         end
@@ -399,10 +459,15 @@ module Bench
         nil
       end
 
-      def with_db_server(server, db_path, threads, extra: [])
-        proc = AdviceServer.new(server, app: app_path("advice.ru"), port: Util.free_port, threads: threads,
-                                db: db_path, extra: extra).start
-        proc.wait_ready(path: "/")
+      # A server on the case's app (kase nil: bench/apps/advice.ru, as `auto` asks).
+      def with_db_server(server, db_path, threads, extra: [], kase: nil)
+        if kase
+          proc = kase.start(server, threads, db_path, extra: extra)
+        else
+          proc = AdviceServer.new(server, app: app_path("advice.ru"), port: Util.free_port, threads: threads,
+                                  db: db_path, extra: extra).start
+          proc.wait_ready(path: "/")
+        end
         yield proc
       ensure
         proc&.stop
@@ -412,46 +477,146 @@ module Bench
 
       def pct(err) = err ? format("%+.0f %%", err * 100) : "-"
 
-      def table(result)
-        rows = [["CPU share", "measured share", "advised threads", "knee", "predicted req/s", "best req/s", "err",
-                 "p99 @50 % pred / meas", "err", "p99 @80 % pred / meas", "err", "ok",
-                 "runs' own windows: p99 @50 %", "@80 %"]]
-        notes = []
-        result.dig("servers", "serval", "shares").to_a.each do |s|
-          a = s["advice"]
-          o50, o80 = s["open_loop"].values_at(0, 1)
-          p99 = ->(o) { o ? format("%.0f / %.0f ms", o["predicted_p99_ms"], o["p99_ms"].to_f) : "-" }
-          own = lambda do |o|
-            next "-" unless o && o["own_p99_err"]
+      # threads :auto against fixed counts, open loop at auto_load x the
+      # sweep's best req/s (issue 32: auto's p99 <= 1.1 x the best fixed
+      # count's). The fixed counts tried: the knee, one more, and the advised
+      # count (the lowest p99 at 80 % load was at or above the knee in every
+      # `bench/run auto` so far; fewer threads queue). Each server, fixed or
+      # auto, gets the same treatment: auto_warmup s of the same arrivals
+      # (not counted; auto moves its count meanwhile), then `rounds` runs of
+      # open_seconds with arrival seeds 1.., p99 of their latencies pooled.
+      # Auto's final count and its `threads:` log lines are kept.
+      def auto_compare(server, kase, db_path, advice, best, knee)
+        rate = (auto_load * best).round(2)
+        counts = [knee, knee + 1, advice["threads"]].compact.select(&:positive?).uniq.sort
+        fixed = counts.map do |t|
+          runs = with_db_server(server, db_path, t, kase: kase) { |proc| aged_open_runs(proc, kase, rate) }
+          p99 = pooled_percentile(runs, 0.99)
+          ctx.log format("advice: %s fixed %d threads open %.1f req/s: p99 %.1f ms (runs %s)", kase.label, t, rate, p99.to_f,
+                         runs.map { |m| m["p99_ms"].to_f.round(1) }.inspect)
+          { "threads" => t, "p99_ms" => p99, "p50_ms" => pooled_percentile(runs, 0.5), "runs_p99_ms" => runs.map { |m| m["p99_ms"] },
+            "late" => runs.map { |m| m["late"].to_i }, "errors" => runs.sum { |m| m["errors"].to_i } }
+        end
+        best_fixed = fixed.min_by { |f| f["p99_ms"] || Float::INFINITY }
+        auto = auto_open(server, kase, db_path, rate)
+        ratio = auto["p99_ms"] && best_fixed["p99_ms"] ? auto["p99_ms"] / best_fixed["p99_ms"] : nil
+        ctx.log format("advice: %s auto open %.1f req/s: p99 %.1f ms at %s threads; best fixed %d: %.1f ms (%.2f x)", kase.label,
+                       rate, auto["p99_ms"].to_f, auto["threads"].inspect, best_fixed["threads"], best_fixed["p99_ms"].to_f, ratio.to_f)
+        { "load" => auto_load, "rate" => rate, "warmup" => auto_warmup, "fixed" => fixed, "best_fixed" => best_fixed,
+          "auto" => auto, "ratio" => ratio, "ok" => ratio ? ratio <= 1.1 : false }
+      end
 
-            format("%.0f / %.0f ms %s", o["own_predicted_p99_ms"], o["own_measured_p99_ms"], pct(o["own_p99_err"]))
+      def auto_open(server, kase, db_path, rate)
+        control_port = Util.free_port
+        token = AdviceSource.token
+        extra = ["--control-url", "tcp://127.0.0.1:#{control_port}", "--control-token", token]
+        with_db_server(server, db_path, "auto", kase: kase, extra: extra) do |proc|
+          stats = lambda do
+            res = HTTP.get("127.0.0.1", control_port, "/stats?token=#{token}", timeout: 10)
+            res.status == 200 ? JSON.parse(res.body)["auto"] : nil
+          rescue SystemCallError, IOError, JSON::ParserError, HTTP::Timeout
+            nil
           end
-          rows << ["#{(s['share'] * 100).round} %", a["cpu_share"] ? format("%.2f", a["cpu_share"]) : "-",
-                   s["advised_threads"].inspect, s["knee"].to_s, fmt_rps(s["predicted_rps"]), fmt_rps(s["best_rps"]),
-                   pct(s["rps_err"]), p99.call(o50), pct(o50&.fetch("p99_err")), p99.call(o80),
-                   pct(o80&.fetch("p99_err")), s["ok"] ? "yes" : "no", own.call(o50), own.call(o80)]
+          per_run = []
+          runs = aged_open_runs(proc, kase, rate) { per_run << stats.call&.dig("target_threads") }
+          lines = File.readlines(proc.log_path).grep(/threads: \d+ -> \d+/).map(&:strip)
+          a = stats.call
+          ctx.log format("advice: %s auto: p99 runs %s, threads %s; %d changes: %s", kase.label,
+                         runs.map { |m| m["p99_ms"].to_f.round(1) }.inspect, per_run.inspect, lines.size, lines.last(3).join(" | "))
+          { "p99_ms" => pooled_percentile(runs, 0.99), "p50_ms" => pooled_percentile(runs, 0.5),
+            "runs_p99_ms" => runs.map { |m| m["p99_ms"] }, "threads" => a&.dig("target_threads"), "threads_per_run" => per_run,
+            "reason" => a&.dig("reason"), "log" => lines, "late" => runs.map { |m| m["late"].to_i },
+            "errors" => runs.sum { |m| m["errors"].to_i } }
+        end
+      end
+
+      # On a running server: auto_warmup s of the arrivals (not counted),
+      # then `rounds` runs back to back, run i with arrival seed i; the block
+      # runs after each.
+      def aged_open_runs(proc, kase, rate)
+        Array.new(rounds) do |i|
+          warm = i.zero? ? auto_warmup : 0
+          argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), *kase.open_args(proc.port, strata: OPEN_STRATA),
+                                 "--rate", rate.to_s, "--duration", open_seconds.to_s, "--warmup", warm.to_s,
+                                 "--seed", (i + 1).to_s, "--latencies"])
+          status, out, timed_out = Util.capture(argv, timeout: open_seconds + warm + 60)
+          raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
+
+          yield if block_given?
+          JSON.parse(out.lines.last)
+        end
+      end
+
+      def pooled_percentile(runs, p) = Util.percentile(runs.flat_map { |m| m["latencies_ms"] }.sort, p)
+
+      # One row per workload: the advice against the sweep, the model's
+      # open-loop p99 against the measured one, auto against the best fixed.
+      def table(result)
+        cases = result.dig("servers", "serval", "shares").to_a
+        load_cols = cases.flat_map { |s| Array(s["open_loop"]).map { |o| o["load"] } }.uniq.sort
+        rows = [["workload", "CPU share read", "advised threads", "knee", "predicted req/s", "best req/s", "err",
+                 *load_cols.flat_map { |l| ["p99 @#{(l * 100).round} % pred / meas", "err"] },
+                 "auto p99 / best fixed p99", "auto / best", "ok"]]
+        notes = []
+        cases.each do |s|
+          label = s["label"] || "#{(s['share'] * 100).round} % CPU"
+          if s["skipped"]
+            rows << [label, "not run: #{s['skipped']}", *Array.new(rows.first.size - 2, "-")]
+            next
+          end
+          a = s["advice"]
+          p99_cells = load_cols.flat_map do |l|
+            o = Array(s["open_loop"]).find { |x| x["load"] == l }
+            o ? [format("%.0f / %.0f ms", o["predicted_p99_ms"], o["p99_ms"].to_f), pct(o["p99_err"])] : ["-", "-"]
+          end
+          au = s["auto"]
+          auto_cell = if au
+                        format("%.0f ms (at %s) / %.0f ms (%d)", au["auto"]["p99_ms"].to_f, au["auto"]["threads"].inspect,
+                               au["best_fixed"]["p99_ms"].to_f, au["best_fixed"]["threads"])
+                      else
+                        "-"
+                      end
+          ok = s["ok"] && (au.nil? || au["ok"])
+          rows << [label, a["cpu_share"] ? format("%.2f", a["cpu_share"]) : "-", s["advised_threads"].inspect, s["knee"].to_s,
+                   fmt_rps(s["predicted_rps"]), fmt_rps(s["best_rps"]), pct(s["rps_err"]), *p99_cells, auto_cell,
+                   au && au["ratio"] ? format("%.2f", au["ratio"]) : "-", ok ? "yes" : "no"]
+          notes << "#{label}: #{s['description']}" if s["description"]
           if (st = a["cpu_steadiness"])
-            notes << format("%d %% CPU steadiness in the advice's window (the model replays it open loop): %d busy " \
-                            "0.25 s steps, %.0f %% below 90 %% speed, p10 %.2f, slowest %.2f", (s["share"] * 100).round,
+            notes << format("%s CPU steadiness in the advice's window (the model replays it open loop): %d busy " \
+                            "0.25 s steps, %.0f %% below 90 %% speed, p10 %.2f, slowest %.2f", label,
                             st["steps"], st["below_0_9"] * 100, st["p10"], st["min"])
           end
-          s["open_loop"].each do |o|
+          Array(s["open_loop"]).each do |o|
+            if o["own_p99_err"]
+              notes << format("%s at %.0f %% load: the model from the runs' own windows %.0f / %.0f ms %s", label, o["load"] * 100,
+                              o["own_predicted_p99_ms"], o["own_measured_p99_ms"], pct(o["own_p99_err"]))
+            end
             next if o["behind"].to_a.empty?
 
-            notes << format("%d %% CPU at %.0f %% load: run(s) %s fell behind the schedule (late %s of ~%d each; the " \
+            notes << format("%s at %.0f %% load: run(s) %s fell behind the schedule (late %s of ~%d each; the " \
                             "machine or the client CPU stalled) and are left out of the pooled p99: %.0f ms with them",
-                            (s["share"] * 100).round, o["load"] * 100, o["behind"].join(", "), o["late_runs"].inspect,
+                            label, o["load"] * 100, o["behind"].join(", "), o["late_runs"].inspect,
                             o["completed"].to_i / [o["late_runs"].to_a.size, 1].max, o["p99_all_runs_ms"].to_f)
           end
-          notes << "#{(s['share'] * 100).round} % sweep (threads: measured median / model req/s): " +
+          notes << "#{label} sweep (threads: measured median / model req/s): " +
                    s["sweep"].map { |r| format("%d: %s / %s", r["threads"], fmt_rps(r["rps"]), fmt_rps(r["model_rps"])) }.join(", ")
+          if s["sweep"].any? { |r| r["cpu_ms_per_request"] }
+            notes << "#{label} server CPU per request (ms, user + system, threads: ms): " +
+                     s["sweep"].map { |r| format("%d: %s", r["threads"], r["cpu_ms_per_request"] ? format("%.2f", r["cpu_ms_per_request"]) : "-") }.join(", ")
+          end
+          next unless au
+
+          notes << format("%s open loop at %.1f req/s (%.0f %% of best), p99 fixed: %s; auto: %s, changes: %s", label, au["rate"],
+                          au["load"] * 100, au["fixed"].map { |f| format("%d: %.0f ms", f["threads"], f["p99_ms"].to_f) }.join(", "),
+                          au["auto"]["threads_per_run"].inspect, au["auto"]["log"].last(4).join(" | "))
         end
         notes << "knee = fewest threads with >= 95 % of the sweep's best median req/s (wrk -c = threads); err = predicted / measured - 1; " \
-                 "p99 measured open loop (Poisson arrivals, latency from the scheduled send time, #{rounds} runs pooled) at the advised threads, " \
+                 "p99 measured open loop (Poisson arrivals, latency from the scheduled send time, #{rounds} run(s) pooled) at the advised threads, " \
                  "#{basis_note}"
-        notes << "runs' own windows: the model's p99 at each run's rate from the window that run's server recorded " \
-                 "(GET /window at its end), mean of the runs' predictions / mean of the runs' measured p99s"
-        notes << "advice from: #{result.dig('servers', 'serval', 'shares', 0, 'advice', 'source')}; #{DB_CPU_NOTE} (CPU #{ctx.client_cpu})"
+        notes << "auto / best: threads :auto's open-loop p99 over the best fixed count's (of the knee, knee + 1 and the advised count), " \
+                 "each server after #{auto_warmup} s of the same arrivals, #{rounds} run(s) of #{open_seconds} s pooled"
+        notes << "advice from: #{cases.find { |c| c['advice'] }&.dig('advice', 'source')}; #{DB_CPU_NOTE} (CPU #{ctx.client_cpu}); " \
+                 "PostgreSQL pinned there too for the Rails app"
         [rows, notes]
       end
     end

@@ -10,6 +10,14 @@ class PagesController < ApplicationController
     render json: Post.order(:id).limit(10).pluck(:id, :title)
   end
 
+  # GET /slow?ms=80: a slow query: PostgreSQL sleeps ms milliseconds
+  # (pg_sleep) while the thread waits on its connection's socket.
+  def slow
+    seconds = params.fetch(:ms, 80).to_f.clamp(0.0, 1000.0) / 1000.0
+    ActiveRecord::Base.with_connection { |c| c.select_value("SELECT 1 FROM pg_sleep(#{format('%.4f', seconds)})") }
+    render plain: "slept"
+  end
+
   # GET /cpu?ms=20: computes for ms milliseconds of this thread's CPU time.
   def cpu
     ms = params.fetch(:ms, 20).to_f.clamp(0.0, 1000.0)
