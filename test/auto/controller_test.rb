@@ -96,6 +96,23 @@ class AutoControllerTest < Minitest::Test
     assert_equal [4, 6], targets
   end
 
+  # Requests waiting behind every thread for longer than their own time (a
+  # standing queue): an up vote from the model goes to its target at once,
+  # not `step` threads at a time.
+  def test_behind_a_standing_queue_it_goes_to_the_models_target_at_once
+    model = { rps: [50, 90, 120, 135, 140, 142, 143, 143, 143, 143], stall: Array.new(10, 0.0) }
+    c = controller(initial: 2, step: 2, cooldown: 0)
+    refute c.observe(m(threads: 2, queue: 0.2, wall: 0.02, gvl: 0.99), model: model).changed
+    d = c.observe(m(threads: 2, queue: 0.2, wall: 0.02, gvl: 0.99), model: model)
+    assert d.changed
+    # saturated (100 req/s >= 90 % of what 2 threads serve): 99.5 % of 143 -> 7, + margin 1
+    assert_equal 8, d.target, "the model's target in one change"
+    assert_match(/a standing queue: at once/, d.reason)
+    down = controller(initial: 10, step: 2, cooldown: 0, slack: 2)
+    2.times { down.observe(m(threads: 10, queue: 0.2, wall: 0.02, stall: 0.01, gvl: 0.99), model: model) }
+    assert_equal 8, down.target, "down moves stay bounded by step"
+  end
+
   # Serving all the model says the count can (a closed loop): the target is
   # the fewest threads within 0.5 % of the model's best, not its 97 % knee.
   def test_at_saturation_the_target_is_where_the_model_stops_gaining
@@ -255,9 +272,10 @@ class AutoControllerTest < Minitest::Test
     assert_match(/p99 at 7 threads \(220 ms\) is within 5 % of the best \(6 threads\)/, d.reason)
     closed = model.merge(p99: nil)
     s = controller(initial: 5, cooldown: 0, agree: 1, step: 1, margin: 0)
-    s.observe(m(threads: 5, rps: 125, queue: 0.2, stall: 0.013, wall: 0.05, gvl: 0.95), model: closed)
+    # queued, but not a standing queue (below 2 x wall): one step at a time
+    s.observe(m(threads: 5, rps: 125, queue: 0.09, stall: 0.013, wall: 0.05, gvl: 0.95), model: closed)
     assert_equal 6, s.target
-    d = s.observe(m(threads: 6, rps: 125.2, queue: 0.2, stall: 0.0176, wall: 0.05, gvl: 0.95), model: closed)
+    d = s.observe(m(threads: 6, rps: 125.2, queue: 0.09, stall: 0.0176, wall: 0.05, gvl: 0.95), model: closed)
     assert_equal 5, d.target
     assert_match(/6 threads served 125\.2 req\/s, 5 served 125\.0 with less stall/, d.reason)
   end

@@ -81,7 +81,8 @@ module Serval
     #   right after a change (the first straddles it).
     #
     # A change needs `agree` consecutive votes the same way, moves at most
-    # `step` threads, stays within [min, max] and never passes the database
+    # `step` threads (up to the model's target at once behind a standing
+    # queue), stays within [min, max] and never passes the database
     # pool (a pool below the current count is applied at once). A count that
     # was measured to add nothing becomes a ceiling for `memory` intervals
     # and then for as long as the model's target stays what it was, so the
@@ -170,8 +171,13 @@ module Serval
         agreed = dir != :hold && @votes.size == @s[:agree] && @votes.uniq == [dir]
         return hold(from, "#{why}#{figures(m)}") unless agreed
 
-        to = dir == :up ? [want, @target + @s[:step]].min : [want, @target - @s[:step]].max
-        change(from, to.clamp(@min, cap), "#{why}#{figures(m)}")
+        # a standing queue behind a model that wants more threads: all the way
+        # at once (each interval at too few threads lengthens the queue every
+        # request after it waits through: a Rails process starting at 3 threads
+        # took four model runs to reach 11, bench/NOTES.md "The advice on mixed routes")
+        jump = dir == :up && model && standing?(m)
+        to = dir == :up ? [want, jump ? want : @target + @s[:step]].min : [want, @target - @s[:step]].max
+        change(from, to.clamp(@min, cap), "#{why}#{' (a standing queue: at once)' if jump && want - @target > @s[:step]}#{figures(m)}")
       end
 
       private
