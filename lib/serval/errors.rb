@@ -23,4 +23,9 @@ module Serval
   # The `threads :auto` model's child process failed (did not start, died,
   # answered nothing in time); the tuner runs the model in-process instead.
   class ModelProcessError < Error; end
+
+  # The child gave no answer in time: at its idle priority the CPU was busy
+  # throughout. Running the model in the serving process then would take the
+  # GVL from requests exactly when they need it: callers skip the run.
+  class ModelProcessTimeout < ModelProcessError; end
 end

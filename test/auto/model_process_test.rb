@@ -70,6 +70,18 @@ class AutoModelProcessTest < Minitest::Test
     refute_equal first, @process.pid
   end
 
+  def test_no_answer_in_time_is_a_timeout_and_the_priority_can_be_raised
+    slow = Serval::Auto::ModelProcess.new(timeout: 0.001) # the child cannot even boot in 1 ms
+    assert_equal :idle, slow.priority
+    assert_raises(Serval::ModelProcessTimeout) { slow.call(@window, max: 4) }
+    assert_nil slow.pid, "the child that did not answer is gone"
+    slow.priority = :batch
+    assert_equal :batch, slow.priority
+    assert_raises(ArgumentError) { slow.priority = :fast }
+  ensure
+    slow&.stop
+  end
+
   def test_a_model_error_comes_back_as_an_error
     error = assert_raises(Serval::ModelProcessError) { @process.call({ requests: "many" }, max: 4) }
     assert_match(/ArgumentError/, error.message)

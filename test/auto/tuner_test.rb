@@ -22,13 +22,52 @@ class AutoTunerTest < Minitest::Test
   end
 
   class Log
+    attr_reader :warnings
+
     def info(*) = nil
     def exception(*) = nil
+    def warn(line) = (@warnings ||= []) << line
   end
 
   def tuner
     options = { auto_interval: 1.0, min_threads: 1, threads_auto_max: 8, max_threads: 4 }
     Serval::Auto::Tuner.new(FakeServer.new, Pool.new(1, 4), options, Log.new)
+  end
+
+  # A runner whose child got no CPU in time (idle priority on a busy CPU).
+  class StarvedRunner
+    attr_accessor :priority
+    attr_reader :calls
+
+    def initialize
+      @priority = :idle
+      @calls = 0
+    end
+
+    def call(*, **)
+      @calls += 1
+      raise Serval::ModelProcessTimeout, "model process: no answer in 30.0 s"
+    end
+  end
+
+  # A timeout skips the run (no model in the server process, which would
+  # take the GVL from requests) and raises the next children's priority.
+  def test_a_starved_child_skips_the_run_and_raises_the_priority
+    runner = StarvedRunner.new
+    log = Log.new
+    options = { auto_interval: 1.0, min_threads: 1, threads_auto_max: 8, max_threads: 4 }
+    t = Serval::Auto::Tuner.new(FakeServer.new, Pool.new(1, 4), options, log, runner: runner)
+    in_process = 0
+    Serval::Auto::Model.stub(:call, ->(*, **) { in_process += 1 }) do
+      t.send(:refresh_model, 10.0)
+      t.send(:refresh_model, 10.0)
+    end
+    assert_equal 0, in_process, "never run in the server process after a timeout"
+    assert_equal 2, runner.calls
+    assert_equal :batch, runner.priority
+    assert_equal 1, log.warnings.size
+    assert_match(/no CPU at idle priority.*nice 0, SCHED_BATCH/, log.warnings.first)
+    assert_equal 0, t.stats[:model_runs]
   end
 
   # Runs `ticks` intervals with Model.call answering from `knees` (one knee

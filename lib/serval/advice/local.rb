@@ -38,6 +38,8 @@ module Serval
         return Advice.recommend(window, **options) unless runner
 
         runner.advice(window, **options)
+      rescue ModelProcessTimeout
+        raise # the CPU is busy: computing here would take the GVL from the requests
       rescue ModelProcessError => e
         Advice.recommend(window, **options).tap do |advice|
           advice[:warnings] << "computed in the server process (#{e.message})"

@@ -43,6 +43,13 @@ module Serval
 
       attr_reader :pid
 
+      def priority = PRIORITIES.key(@priority)
+
+      # For the next child (the current one, if any, keeps its own).
+      def priority=(name)
+        @priority = PRIORITIES.fetch(name) { raise ArgumentError, "priority is :idle or :batch" }
+      end
+
       def initialize(timeout: TIMEOUT, priority: :idle)
         @timeout = timeout
         @priority = PRIORITIES.fetch(priority) { raise ArgumentError, "priority is :idle or :batch" }
@@ -132,7 +139,7 @@ module Serval
         buf = +""
         while buf.bytesize < n
           left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
-          raise ModelProcessError, "model process: no answer in #{@timeout} s" if left <= 0 || !@from.wait_readable(left)
+          raise ModelProcessTimeout, "model process: no answer in #{@timeout} s" if left <= 0 || !@from.wait_readable(left)
 
           buf << @from.readpartial(n - buf.bytesize)
         end

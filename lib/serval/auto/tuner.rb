@@ -107,11 +107,22 @@ module Serval
 
       # In the child process (ModelProcess) when there is one; in this
       # process when it fails (said once in the log; the next run tries a
-      # new child).
+      # new child). A child that got no CPU in time (idle priority on a CPU
+      # the server keeps busy) is not replaced by a run here, which would take
+      # the GVL from the requests then: the run is skipped (the controller
+      # goes on with the last model) and later children run at nice 0 with
+      # SCHED_BATCH (a fair share, never preempting a request thread).
       def run_model(window, **options)
         return Model.call(window, **options) unless @runner
 
         @runner.call(window, **options)
+      rescue ModelProcessTimeout => e
+        if @runner.respond_to?(:priority=) && @runner.priority == :idle
+          @runner.priority = :batch
+          @log_writer.warn("threads: auto's model got no CPU at idle priority (#{e.message}); it now runs at nice 0, " \
+                           "SCHED_BATCH")
+        end
+        nil
       rescue ModelProcessError => e
         @log_writer.warn("threads: auto runs its model in the server process this time (#{e.message})") unless @runner_failed
         @runner_failed = true
