@@ -120,6 +120,16 @@ class AdviceLockTest < Minitest::Test
     assert_match(/modelled as one lock held through \d+ % of the waits: predicted \d+\.\d ms at \d+ threads/, text)
   end
 
+  def test_the_html_report_shows_the_lock
+    require "serval/advice/report"
+    w = window
+    a = A.recommend(w, sweep_max: 6, range: false, precision: false)
+    html = A::Report.new(a, window: w).html
+    assert_includes html, A::Report::COLORS[:lock], "the lock in the mean split and the distribution"
+    before = A.recommend(window(lock: false), sweep_max: 6, range: false, precision: false)
+    refute_includes A::Report.new(before, window: window(lock: false)).html, A::Report::COLORS[:lock]
+  end
+
   # The lock histogram calibrates the samples' lock as the other figures.
   def test_window_lock_figure
     w = window
