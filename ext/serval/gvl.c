@@ -366,8 +366,7 @@ static int lock_frames(VALUE th)
 {
     VALUE f[2];
     int lines[2];
-    int n = rb_profile_thread_frames(th, 0, 2, f, lines);
-    if (n < 1)
+    if (rb_profile_thread_frames(th, 0, 1, f, lines) < 1) /* the second frame only for sleep, below */
         return 0;
     VALUE path = rb_profile_frame_path(f[0]);
     if (!NIL_P(path)) {
@@ -380,7 +379,8 @@ static int lock_frames(VALUE th)
         NAME_IS(name, "mon_enter") || NAME_IS(name, "pop") || NAME_IS(name, "shift") || NAME_IS(name, "deq") ||
         NAME_IS(name, "push") || NAME_IS(name, "<<") || NAME_IS(name, "enq"))
         return 1;
-    if (n < 2 || !NAME_IS(name, "sleep") || !NIL_P(rb_profile_frame_path(f[1])))
+    if (!NAME_IS(name, "sleep") || rb_profile_thread_frames(th, 0, 2, f, lines) < 2 ||
+        !NIL_P(rb_profile_frame_path(f[1])))
         return 0;
     return NAME_IS(rb_profile_frame_method_name(f[1]), "wait");
 }
