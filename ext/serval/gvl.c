@@ -52,7 +52,8 @@
  * SUSPENDED cannot tell them apart. RESUMED can: the thread holds the GVL
  * again and its stack still shows what it was blocked in. When an
  * in-request idle span ends, the hook reads the top two frames of the
- * thread (no allocation, nothing run) and, if they are a lock wait (see
+ * thread (no allocation, nothing run; only for spans of SV_IO_MIN_NS or
+ * more, where the look costs under a 20th of the span) and, if they are a lock wait (see
  * lock_frames), moves the span from idle to lock: lock_ns, which
  * ext/serval/timing.c reports per request (Timing#lock). The span stays in
  * the request's shape with length 0: the thread gave the GVL up and asked
@@ -418,7 +419,7 @@ static void lock_step(sv_gvl_slot *s, rb_event_flag_t ev, VALUE th, int next, ui
     if (ev == RUBY_INTERNAL_THREAD_EVENT_RESUMED && next == SV_GVL_RUN)
         span = s->state == SV_GVL_IDLE ? dt : s->state == SV_GVL_WAIT ? s->lock_idle : 0;
     s->lock_idle = 0;
-    if (span && !s->pool.open && lock_frames(th))
+    if (span >= SV_IO_MIN_NS && !s->pool.open && lock_frames(th)) /* a shorter span: little time, not worth the look */
         lock_file(s, span);
 }
 #endif
