@@ -21,6 +21,8 @@ if have_header("ruby/thread.h")
   have_func("rb_internal_thread_add_event_hook", "ruby/thread.h")
   have_func("rb_internal_thread_specific_get", "ruby/thread.h")
 end
+# Lock waits told from I/O (gvl.c): another thread's frames, 3.3+.
+have_func("rb_profile_thread_frames", "ruby/debug.h") if have_header("ruby/debug.h")
 # Fairness (fairness.c): a postponed job triggered from a native thread, 3.3+.
 have_func("rb_postponed_job_trigger", "ruby/debug.h") if have_header("ruby/debug.h")
 

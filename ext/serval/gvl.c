@@ -46,6 +46,21 @@
  * Without the hook API (Ruby 3.1) only Native::GVL.sample's clock readings
  * work; supported? is false and the rest raises NotImplementedError.
  *
+ * Lock waits (Ruby 3.3+: rb_profile_thread_frames). A thread that blocks on
+ * a Thread::Mutex, a Monitor, a ConditionVariable or a Thread::Queue /
+ * SizedQueue releases the GVL exactly as one that blocks on a socket, so
+ * SUSPENDED cannot tell them apart. RESUMED can: the thread holds the GVL
+ * again and its stack still shows what it was blocked in. When an
+ * in-request idle span ends, the hook reads the top two frames of the
+ * thread (no allocation, nothing run; only for spans of SV_IO_MIN_NS or
+ * more, where the look costs under a 20th of the span) and, if they are a lock wait (see
+ * lock_frames), moves the span from idle to lock: lock_ns, which
+ * ext/serval/timing.c reports per request (Timing#lock). The span stays in
+ * the request's shape with length 0: the thread gave the GVL up and asked
+ * again, which the model plays; its length is the lock's, modelled apart
+ * (lib/serval/advice/lock.rb). A span inside a pool wait (PoolWait: Active
+ * Record waits on a condition variable) stays the pool's.
+ *
  * Serval::Native::PoolWait keeps a fourth per-thread figure: time blocked
  * checking out a database connection (lib/serval/db_pools.rb wraps Active
  * Record's blocking wait in enter/leave). It records the wall time of each
@@ -73,6 +88,10 @@
 
 #if defined(HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK)
 #define SV_GVL_HOOK 1
+#endif
+#if defined(SV_GVL_HOOK) && defined(HAVE_RB_INTERNAL_THREAD_SPECIFIC_GET) && defined(HAVE_RB_PROFILE_THREAD_FRAMES)
+#include <ruby/debug.h>
+#define SV_GVL_LOCK 1               /* lock waits told from I/O (top of file) */
 #endif
 
 #define SV_PW_FIGURES 4             /* pool wait: wall, run, idle, stall */
@@ -137,6 +156,9 @@ typedef struct {
     uint64_t link_run;          /* the link's short run, ns */
     int rq_next_on;             /* the link's second idle span has its run-queue wait read too (rq_next_mark) */
     uint64_t rq_next_mark;
+    uint64_t lock_idle;         /* the in-request idle span that just ended (lock_step); owner thread only */
+    _Atomic uint64_t lock_ns;   /* idle spans found to be lock waits, ns; written by the owner */
+    uint64_t lock_spans;        /* how many; owner thread only */
 } sv_gvl_slot;
 
 typedef struct {
@@ -324,6 +346,84 @@ static void link_step(sv_gvl_slot *s, int next, uint64_t dt)
     }
 }
 
+#ifdef SV_GVL_LOCK
+static int lock_on = 1; /* Native::GVL.lock_split= (benchmarks compare the cost) */
+
+static int name_is(VALUE str, const char *name, long len)
+{
+    return RB_TYPE_P(str, T_STRING) && RSTRING_LEN(str) == len && memcmp(RSTRING_PTR(str), name, (size_t)len) == 0;
+}
+
+#define NAME_IS(str, lit) name_is((str), (lit), (long)sizeof(lit) - 1)
+
+/* Whether thread th, which has just got the GVL back after an idle span,
+ * was blocked waiting for a lock: its top frame is a C method that blocks
+ * only on a lock (Mutex#lock / #synchronize, Monitor#enter / #synchronize,
+ * Queue and SizedQueue operations before 3.3), a method of
+ * <internal:thread_sync> (Queue#pop, SizedQueue#push on 3.3), or Mutex#sleep
+ * called by ConditionVariable#wait (both C methods; a Ruby method named wait
+ * that sleeps is not one). Reads frames, runs nothing, allocates nothing. */
+static int lock_frames(VALUE th)
+{
+    VALUE f[2];
+    int lines[2];
+    if (rb_profile_thread_frames(th, 0, 1, f, lines) < 1) /* the second frame only for sleep, below */
+        return 0;
+    VALUE path = rb_profile_frame_path(f[0]);
+    if (!NIL_P(path)) {
+        static const char sync[] = "<internal:thread_sync";
+        return RB_TYPE_P(path, T_STRING) && RSTRING_LEN(path) >= (long)sizeof(sync) - 1 &&
+               memcmp(RSTRING_PTR(path), sync, sizeof(sync) - 1) == 0;
+    }
+    VALUE name = rb_profile_frame_method_name(f[0]);
+    if (NAME_IS(name, "lock") || NAME_IS(name, "synchronize") || NAME_IS(name, "enter") ||
+        NAME_IS(name, "mon_enter") || NAME_IS(name, "pop") || NAME_IS(name, "shift") || NAME_IS(name, "deq") ||
+        NAME_IS(name, "push") || NAME_IS(name, "<<") || NAME_IS(name, "enq"))
+        return 1;
+    if (!NAME_IS(name, "sleep") || rb_profile_thread_frames(th, 0, 2, f, lines) < 2 ||
+        !NIL_P(rb_profile_frame_path(f[1])))
+        return 0;
+    return NAME_IS(rb_profile_frame_method_name(f[1]), "wait");
+}
+
+/* Files span ns, just filed as idle, as a lock wait (top of file). */
+static void lock_file(sv_gvl_slot *s, uint64_t span)
+{
+    uint64_t idle = atomic_load_explicit(&s->ns[SV_GVL_IDLE], memory_order_relaxed);
+    if (span > idle)
+        span = idle;
+    atomic_fetch_sub_explicit(&s->ns[SV_GVL_IDLE], span, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->lock_ns, span, memory_order_relaxed);
+    s->lock_spans++;
+    int n = s->nseg, i = -1;
+    if (n >= 2 && ((n - 1) & 1) == 1)
+        i = n - 1;
+    else if (n == SV_SEGS)
+        i = SV_SEGS - 2;
+    if (i >= 0) {
+        float v = s->seg[i] - (float)((double)span / 1e9);
+        s->seg[i] = v > 0.0f ? v : 0.0f;
+    }
+}
+
+/* On every change of state inside a request: ev has moved s from s->state
+ * to next after dt ns. An idle span that ends is remembered until the
+ * thread runs again, then filed as a lock wait if its frames say so. */
+static void lock_step(sv_gvl_slot *s, rb_event_flag_t ev, VALUE th, int next, uint64_t dt)
+{
+    if (s->state == SV_GVL_IDLE && next == SV_GVL_WAIT) {
+        s->lock_idle = dt;
+        return;
+    }
+    uint64_t span = 0;
+    if (ev == RUBY_INTERNAL_THREAD_EVENT_RESUMED && next == SV_GVL_RUN)
+        span = s->state == SV_GVL_IDLE ? dt : s->state == SV_GVL_WAIT ? s->lock_idle : 0;
+    s->lock_idle = 0;
+    if (span >= SV_IO_MIN_NS && !s->pool.open && lock_frames(th)) /* a shorter span: little time, not worth the look */
+        lock_file(s, span);
+}
+#endif
+
 static sv_gvl_event *trace_buf;
 static _Atomic int tracing;
 static _Atomic size_t trace_n;
@@ -397,6 +497,9 @@ static sv_gvl_slot *slot_of(VALUE th, int state, uint64_t now, int own)
         c->rq_on = 0;
         c->rq_send = 0;
         c->rq_next_on = 0;
+        c->lock_idle = 0;
+        atomic_store_explicit(&c->lock_ns, 0, memory_order_relaxed);
+        c->lock_spans = 0;
         SLOT_SET(th, c);
         return c;
     }
@@ -441,6 +544,10 @@ static void on_event(rb_event_flag_t ev, const rb_internal_thread_event_data_t *
         }
         if (s->in_request)
             link_step(s, next, dt);
+#ifdef SV_GVL_LOCK
+        if (s->in_request && lock_on)
+            lock_step(s, ev, EVENT_THREAD(d), next, dt);
+#endif
         s->state = next;
         s->since = now;
     }
@@ -654,6 +761,37 @@ static VALUE gvl_idle_wait(VALUE mod)
                                 DBL2NUM((double)v[3] / 1e9), DBL2NUM((double)v[4] / 1e9), DBL2NUM((double)v[5] / 1e9));
 }
 
+/* Native::GVL.lock_split? / lock_split=: whether in-request lock waits are
+ * told from idle (Ruby 3.3+; on by default; off only to measure its cost). */
+static VALUE gvl_lock_split_p(VALUE mod)
+{
+#ifdef SV_GVL_LOCK
+    return lock_on ? Qtrue : Qfalse;
+#else
+    return Qfalse;
+#endif
+}
+
+static VALUE gvl_set_lock_split(VALUE mod, VALUE on)
+{
+#ifdef SV_GVL_LOCK
+    lock_on = RTEST(on);
+#endif
+    return on;
+}
+
+/* Native::GVL.lock_sample -> [lock seconds, lock spans] of the calling
+ * thread so far; nil when lock waits are not told apart. */
+static VALUE gvl_lock_sample(VALUE mod)
+{
+#ifdef SV_GVL_LOCK
+    sv_gvl_slot *s = current_slot(now_ns(CLOCK_MONOTONIC));
+    if (s)
+        return rb_ary_new_from_args(2, DBL2NUM((double)atomic_load(&s->lock_ns) / 1e9), ULL2NUM(s->lock_spans));
+#endif
+    return Qnil;
+}
+
 static VALUE gvl_trace_start(VALUE mod)
 {
     if (!hook)
@@ -766,9 +904,9 @@ int sv_gvl_segments(float out[SV_SEGS], uint64_t now)
 /* Marks the calling thread as inside (1) or outside (0) a request's measured
  * span, closing its running slice at now (CLOCK_MONOTONIC ns, the caller's
  * clock read) so the GVL it held so far
- * is filed on the right side; fills out with its run/idle/stall ns and idle
- * periods so far. 0 without the hook. */
-int sv_gvl_mark(int in_request, uint64_t out[4], uint64_t now)
+ * is filed on the right side; fills out with its run/idle/stall ns, idle
+ * periods and lock-wait ns so far. 0 without the hook. */
+int sv_gvl_mark(int in_request, uint64_t out[SV_GVL_MARKS], uint64_t now)
 {
 #ifdef SV_GVL_HOOK
     if (!hook)
@@ -787,6 +925,7 @@ int sv_gvl_mark(int in_request, uint64_t out[4], uint64_t now)
         s->since = now;
     }
     s->link = 0;
+    s->lock_idle = 0;
     if (in_request) {
         s->nseg = 0;
         s->req_at = now;
@@ -797,10 +936,20 @@ int sv_gvl_mark(int in_request, uint64_t out[4], uint64_t now)
     out[1] = atomic_load_explicit(&s->ns[SV_GVL_IDLE], memory_order_relaxed);
     out[2] = atomic_load_explicit(&s->ns[SV_GVL_WAIT], memory_order_relaxed);
     out[3] = s->idle_periods;
+    out[4] = atomic_load_explicit(&s->lock_ns, memory_order_relaxed);
     return 1;
 #else
     (void)in_request;
     (void)out;
+    return 0;
+#endif
+}
+
+int sv_gvl_lock_split(void)
+{
+#ifdef SV_GVL_LOCK
+    return lock_on && hook != NULL;
+#else
     return 0;
 #endif
 }
@@ -965,6 +1114,9 @@ void sv_init_gvl(VALUE mNative)
     rb_define_singleton_method(m, "trace_stop", gvl_trace_stop, 0);
     rb_define_singleton_method(m, "idle_in_request", gvl_idle_in_request, 1);
     rb_define_singleton_method(m, "idle_wait", gvl_idle_wait, 0);
+    rb_define_singleton_method(m, "lock_split?", gvl_lock_split_p, 0);
+    rb_define_singleton_method(m, "lock_split=", gvl_set_lock_split, 1);
+    rb_define_singleton_method(m, "lock_sample", gvl_lock_sample, 0);
 #else
     rb_define_singleton_method(m, "enable", gvl_false, 0);
     rb_define_singleton_method(m, "enabled?", gvl_false, 0);
@@ -973,5 +1125,8 @@ void sv_init_gvl(VALUE mNative)
     rb_define_singleton_method(m, "trace_stop", gvl_unsupported, 0);
     rb_define_singleton_method(m, "idle_in_request", gvl_idle_nil, 1);
     rb_define_singleton_method(m, "idle_wait", gvl_nil, 0);
+    rb_define_singleton_method(m, "lock_split?", gvl_false, 0);
+    rb_define_singleton_method(m, "lock_split=", gvl_idle_nil, 1);
+    rb_define_singleton_method(m, "lock_sample", gvl_nil, 0);
 #endif
 }

@@ -6,7 +6,11 @@
 #include "hooks.h"
 
 int sv_gvl_counters(uint64_t out[3]);
-int sv_gvl_mark(int in_request, uint64_t out[4], uint64_t now);
+/* sv_gvl_mark's figures: run, idle, stall ns, idle periods, lock-wait ns */
+#define SV_GVL_MARKS 5
+/* Whether lock waits are told from idle (Ruby 3.3+, Native::GVL.lock_split?). */
+int sv_gvl_lock_split(void);
+int sv_gvl_mark(int in_request, uint64_t out[SV_GVL_MARKS], uint64_t now);
 /* sv_gvl_yielding (fairness.c's preemption in progress) is the core's thread
  * state: hooks.h. */
 /* A request's shape: its GVL-held and idle spans in order, [cpu, io, cpu,

@@ -127,7 +127,7 @@ typedef struct {
     double queue;
     double upstream;             /* NaN when no header */
     int has_cpu, has_gc, has_gvl, has_pool, finished;
-    uint64_t gvl0[4], gvl1[4];   /* run, idle, stall ns, idle periods; valid when has_gvl */
+    uint64_t gvl0[5], gvl1[5];   /* run, idle, stall ns, idle periods, lock ns (SV_GVL_MARKS); valid when has_gvl */
     uint64_t cpu0, cpu1;         /* thread CPU ns; valid when has_cpu */
     uint64_t gc0, gc1;           /* GC.total_time ns; valid when has_gc */
     uint64_t pw0[4], pw1[4];     /* pool wait: wall, run, idle, stall ns; valid when has_pool */

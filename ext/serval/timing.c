@@ -12,6 +12,11 @@
  * pool_wait: time blocked checking out a database connection. The run, idle
  * and stall time that fell inside those waits is taken out of the three, so
  * run + idle + stall + pool_wait = wall (3.2+); on 3.1 it comes out of wait.
+ *
+ * On Ruby 3.3+ a request also reports lock: the idle spans the GVL hook
+ * found to be waits for a Ruby lock (Mutex, Monitor, ConditionVariable,
+ * Queue; ext/serval/gvl.c), already taken out of idle there, so
+ * run + idle + stall + lock + pool_wait = wall.
  */
 #include <math.h>
 #include <stdint.h>
@@ -24,7 +29,7 @@
 #include "gvl.h"
 #include "window.h"
 
-#define SV_TM_METRICS 6          /* queue, run, idle, stall, upstream queue, pool_wait */
+#define SV_TM_METRICS 7          /* queue, run, idle, stall, upstream queue, pool_wait, lock */
 #define SV_TM_BUCKETS 13
 #define SV_TM_SLOTS (SV_TM_BUCKETS + 1)
 #define SV_UPSTREAM_MAX 60.0     /* seconds; larger upstream queue times are clamped (skew) */
@@ -33,7 +38,7 @@ static const double bucket_le[SV_TM_BUCKETS] = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 };
 
-enum { TM_QUEUE = 0, TM_RUN, TM_IDLE, TM_STALL, TM_UPSTREAM, TM_POOL };
+enum { TM_QUEUE = 0, TM_RUN, TM_IDLE, TM_STALL, TM_UPSTREAM, TM_POOL, TM_LOCK };
 
 /* Process-wide aggregates: touched only with the GVL held. */
 static uint64_t agg_counts[SV_TM_METRICS][SV_TM_SLOTS];
@@ -174,6 +179,12 @@ static uint64_t gvl_part(const sv_tm *t, int k)
     return d > p ? d - p : 0;
 }
 
+/* Lock waits over the request, ns (0 before 3.3: told apart nowhere). */
+static uint64_t lock_part(const sv_tm *t)
+{
+    return t->gvl1[4] > t->gvl0[4] ? t->gvl1[4] - t->gvl0[4] : 0;
+}
+
 /* wall - cpu - pool_wait of a request with the CPU clock (3.1), seconds. */
 static double cpu_wait(const sv_tm *t)
 {
@@ -198,7 +209,7 @@ void sv_tm_end(sv_tm *t)
     if (t->has_pool)
         t->has_pool = sv_pool_wait_counters(t->pw1);
     double wall = (double)(t->end_ns - t->start_ns) / 1e9;
-    double f[SV_WIN_FIG] = {t->queue, NAN, NAN, NAN, NAN, wall, NAN};
+    double f[SV_WIN_FIG] = {t->queue, NAN, NAN, NAN, NAN, wall, NAN, NAN};
     long idle_periods = -1;
     agg_wall += wall;
     agg_timed++;
@@ -216,6 +227,10 @@ void sv_tm_end(sv_tm *t)
             add(TM_RUN + k, f[SV_WIN_RUN + k]);
         }
         idle_periods = (long)(t->gvl1[3] - t->gvl0[3]);
+        if (sv_gvl_lock_split()) {
+            f[SV_WIN_LOCK] = (double)lock_part(t) / 1e9;
+            add(TM_LOCK, f[SV_WIN_LOCK]);
+        }
     } else if (t->has_cpu) {
         agg_cpu += f[SV_WIN_CPU];
         f[SV_WIN_RUN] = f[SV_WIN_CPU];
@@ -275,15 +290,22 @@ static VALUE tm_pool_wait(VALUE self)
     return t->finished && t->has_pool ? NS(pw_delta(t, 0)) : Qnil;
 }
 
-/* idle + stall with the hook; else wall - cpu; nil when neither. Either way
- * without pool_wait. */
+/* Time waiting for a Ruby lock (Ruby 3.3+); nil where not told apart. */
+static VALUE tm_lock(VALUE self)
+{
+    sv_tm *t = get(self);
+    return t->finished && t->has_gvl && sv_gvl_lock_split() ? NS(lock_part(t)) : Qnil;
+}
+
+/* idle + stall + lock with the hook; else wall - cpu; nil when neither.
+ * Either way without pool_wait. */
 static VALUE tm_wait(VALUE self)
 {
     sv_tm *t = get(self);
     if (!t->finished)
         return Qnil;
     if (t->has_gvl)
-        return NS(gvl_part(t, 1) + gvl_part(t, 2));
+        return NS(gvl_part(t, 1) + gvl_part(t, 2) + lock_part(t));
     if (!t->has_cpu)
         return Qnil;
     return DBL2NUM(cpu_wait(t));
@@ -450,6 +472,7 @@ void sv_init_timing(VALUE mServal)
     rb_define_method(cTiming, "stall", tm_stall, 0);
     rb_define_method(cTiming, "wait", tm_wait, 0);
     rb_define_method(cTiming, "pool_wait", tm_pool_wait, 0);
+    rb_define_method(cTiming, "lock", tm_lock, 0);
     rb_define_method(cTiming, "started_ns", tm_started_ns, 0);
     rb_define_method(cTiming, "finished_ns", tm_finished_ns, 0);
     rb_define_method(cTiming, "gvl_split?", tm_gvl_split_p, 0);

@@ -1,7 +1,7 @@
 /*
  * The rolling window of one process's requests (Serval::Timing.window_*):
  * the last SV_WIN_BUCKETS x SV_WIN_SPAN seconds, one bucket per span. Each
- * bucket keeps, per figure (queue, run, idle, stall, pool_wait, wall, cpu),
+ * bucket keeps, per figure (queue, run, idle, stall, pool_wait, wall, cpu, lock),
  * a histogram on fixed half-octave bounds and the sum, and a reservoir of up
  * to SV_WIN_RES requests sampled uniformly over the bucket (Vitter's
  * algorithm R), so memory and the cost of a request are fixed however busy
@@ -226,7 +226,7 @@ static VALUE win_buckets(int argc, VALUE *argv, VALUE klass)
     return rb_ary_new_from_args(3, DBL2NUM(covered < 0 ? 0 : covered), bounds, out);
 }
 
-/* Timing.window_record(now, [queue, run, idle, stall, pool_wait, wall, cpu],
+/* Timing.window_record(now, [queue, run, idle, stall, pool_wait, wall, cpu(, lock)],
  * idle_periods, shape = nil): a request at a given clock, for tests (nil:
  * not measured; shape: [held, idle, ..., held] seconds, SV_SEGS at most). */
 static VALUE win_record(int argc, VALUE *argv, VALUE klass)
@@ -247,10 +247,11 @@ static VALUE win_record(int argc, VALUE *argv, VALUE klass)
         nseg = (int)n;
     }
     Check_Type(figures, T_ARRAY);
-    if (RARRAY_LEN(figures) != SV_WIN_FIG)
-        rb_raise(rb_eArgError, "window_record takes %d figures", SV_WIN_FIG);
+    long nf = RARRAY_LEN(figures);
+    if (nf != SV_WIN_FIG && nf != SV_WIN_FIG - 1) /* lock may be left out */
+        rb_raise(rb_eArgError, "window_record takes %d or %d figures", SV_WIN_FIG - 1, SV_WIN_FIG);
     for (int k = 0; k < SV_WIN_FIG; k++) {
-        VALUE v = rb_ary_entry(figures, k);
+        VALUE v = k < nf ? rb_ary_entry(figures, k) : Qnil;
         f[k] = NIL_P(v) ? NAN : NUM2DBL(v);
     }
     void *entry = sv_win_record(NUM2DBL(now), f, NIL_P(idle_periods) ? -1 : NUM2LONG(idle_periods));

@@ -30,7 +30,7 @@ module Serval
     ENV_URL = "SERVAL_CONTROL_URL"
     ENV_TOKEN = "SERVAL_CONTROL_TOKEN"
     DEFAULT_STATE = "tmp/serval.state" # StateFile::DEFAULT, the server's default
-    WINDOW_FIGURES = %w[queue run idle stall pool_wait wall].freeze
+    WINDOW_FIGURES = %w[queue run idle stall lock pool_wait wall].freeze
     CONNECT_TIMEOUT = 5
     READ_TIMEOUT = 15
 

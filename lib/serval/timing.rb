@@ -17,20 +17,29 @@ module Serval
   #   run             held the GVL (Ruby 3.2+; nil on 3.1)
   #   idle            without the GVL and not asking for it: I/O, sleep (3.2+)
   #   stall           waiting for the GVL (3.2+)
-  #   wait            idle + stall (3.2+); on 3.1 wall - cpu - pool_wait when
-  #                   cpu was sampled, where I/O and stall cannot be told apart
+  #   lock            without the GVL waiting for a Ruby lock: Thread::Mutex,
+  #                   Monitor (Logger's), ConditionVariable, Queue/SizedQueue
+  #                   (3.3+, told from idle by the GVL hook; nil before)
+  #   wait            idle + stall + lock (3.2+); on 3.1 wall - cpu - pool_wait
+  #                   when cpu was sampled, where I/O and stall cannot be told apart
   #   pool_wait       blocked checking out an Active Record connection, on
   #                   every Ruby; nil without Active Record. Not part of run,
-  #                   idle, stall or wait: run + idle + stall + pool_wait = wall
+  #                   idle, stall, lock or wait:
+  #                   run + idle + stall + lock + pool_wait = wall
   class Timing
     def to_h
       { queue: queue, upstream_queue: upstream_queue, wall: wall, cpu: cpu, gc: gc,
-        run: run, idle: idle, stall: stall, wait: wait, pool_wait: pool_wait }
+        run: run, idle: idle, stall: stall, lock: lock, wait: wait, pool_wait: pool_wait }
     end
 
-    # The access-log fields, in milliseconds; upstream= only with a proxy's stamp.
+    # The access-log fields, in milliseconds; upstream= only with a proxy's
+    # stamp, lock= only when the request waited for a Ruby lock.
     def log_fields
-      fields = if gvl_split?
+      locked = lock
+      fields = if gvl_split? && locked&.positive?
+                 format("queue=%.2f run=%.2f idle=%.2f stall=%.2f lock=%.2f", queue * 1e3, run * 1e3, idle * 1e3,
+                        stall * 1e3, locked * 1e3)
+               elsif gvl_split?
                  format("queue=%.2f run=%.2f idle=%.2f stall=%.2f", queue * 1e3, run * 1e3, idle * 1e3, stall * 1e3)
                elsif cpu
                  format("queue=%.2f cpu=%.2f wait=%.2f", queue * 1e3, cpu * 1e3, wait * 1e3)

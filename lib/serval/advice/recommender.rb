@@ -31,6 +31,10 @@ module Serval
     #                        {route:, samples:, share_requests:, share_time:, mean_run:, mean_io:, cpu_share:,
     #                        wall_p99:, alone:} (alone: the knee if the process served only that route)
     #   amdahl, gvl_ceiling  the articles' two rules, for explanation
+    #   lock                 nil, or the requests' waits for Ruby locks (Ruby 3.3+) and how the model
+    #                        plays them (Advice::Lock): {measured_mean:, share_of_wall:, threads:, rate:,
+    #                        share:, simulated_mean:, reproduced:, predicted_mean:} (predicted_mean: at
+    #                        `threads`, saturated; share nil: not modelled)
     #   pool, database, machine, capacity (with target_rps), measured
     #   reasons, warnings    Arrays of sentences; summary: one line for the log
     class Recommender
@@ -86,7 +90,7 @@ module Serval
       end
 
       def decide
-        workload = ruby31_corrected(@window.workload)
+        workload = lock_modelled(ruby31_corrected(@window.workload))
         unless (workload.mean_run + workload.mean_io).positive?
           @warnings.unshift("the measured requests took no measurable time: nothing to model")
           return base.merge(summary: "advice: #{@warnings.first}")
@@ -130,6 +134,7 @@ module Serval
                     table: Amdahl.table(1 - share, max: sweep.max) },
           gvl_ceiling: GvlCeiling.call(workload.mean_run, workload.mean_io),
           pool: pool, database: db, machine: procs, measured: measured(sim, sweep), routes: routes,
+          lock: @lock && @lock.merge(predicted_mean: @lock[:share] ? chosen.lock_wait_mean.to_f.round(6) : nil),
           cpu_steadiness: Steadiness.call(@window.cpu_speed),
           capacity: @target && Capacity.plan(open_sim(workload, sim), target_rps: Float(@target), threads: threads, max_rps: chosen.rps,
                                                   processes: procs[:processes], utilization: @s[:target_utilization],
@@ -169,6 +174,34 @@ module Serval
                            "at %d threads and %.1f req/s, and counts the rest as I/O", stall * 1e3, w.max_threads,
                            w.rate_per_process)
         corrected
+      end
+
+      # Waits for Ruby locks (Ruby 3.3+): not I/O (the window keeps them out
+      # of idle); played as one lock the threads share (Advice::Lock).
+      def lock_modelled(workload)
+        @lock = Lock.calibrate(workload, @window, quantum: quantum, handoff: @window.handoff, seed: @s[:seed])
+        l = @lock or return workload
+        what = format("requests waited %.2f ms each for Ruby locks (Mutex, Monitor - e.g. Logger's -, Queue)%s",
+                      l[:measured_mean] * 1e3, l[:share_of_wall] ? format(", %.1f %% of their time", l[:share_of_wall] * 100) : "")
+        unless l[:share]
+          why = if l[:share_of_wall] && l[:share_of_wall] < Lock::MIN_SHARE
+                  "too little to model"
+                else
+                  "the window has no thread count to calibrate the lock at"
+                end
+          @reasons << "#{what}: counted as neither I/O nor CPU, and not modelled (#{why})"
+          return workload
+        end
+        @reasons << format("%s at %d threads: not I/O - modelled as one lock held through %d %% of the requests' " \
+                           "waits and until the GVL comes back, which gives %.2f ms at %d threads%s; more threads " \
+                           "wait longer for it", what, l[:threads], (l[:share] * 100).round, l[:simulated_mean] * 1e3,
+                           l[:threads], l[:rate] ? format(" and %.1f req/s", l[:rate]) : "")
+        unless l[:reproduced]
+          @warnings << format("the lock model gives %.2f ms of lock wait per request where %.2f ms were measured: " \
+                              "the lock is held for something the model does not see (CPU inside the lock, " \
+                              "several locks)", l[:simulated_mean] * 1e3, l[:measured_mean] * 1e3)
+        end
+        workload.with_lock(l[:share])
       end
 
       # The articles' last step: fewer threads while the stall is too long.
@@ -308,7 +341,7 @@ module Serval
       def measured(sim, sweep)
         w = @window
         out = { threads: w.max_threads, stall_mean: w.mean(:stall)&.round(6), stall_p95: w.quantile(:stall, 0.95)&.round(6),
-                pool_wait_mean: w.mean(:pool_wait)&.round(6), wall_p50: w.quantile(:wall, 0.5)&.round(6),
+                pool_wait_mean: w.mean(:pool_wait)&.round(6), lock_mean: w.mean(:lock)&.round(6), wall_p50: w.quantile(:wall, 0.5)&.round(6),
                 wall_p99: w.quantile(:wall, 0.99)&.round(6), rate: nil, loaded_rate: nil, predicted_stall_mean: nil }
         if w.seconds&.positive? && w.max_threads
           rate = w.rate_per_process

@@ -11,7 +11,7 @@ module Serval
     # The HTML report `servalctl advise --html FILE` writes: one
     # self-contained page (inline CSS and SVG, no scripts, nothing fetched)
     # with the recommendation, charts of predicted and measured throughput
-    # and latency against threads, the run / idle / stall / pool_wait
+    # and latency against threads, the run / idle / stall / pool_wait / lock
     # distribution, the database connections, the sweep table, the reasons
     # and the warnings.
     #
@@ -19,10 +19,10 @@ module Serval
     class Report
       COLORS = { predicted: "#1f6fb5", p50: "#6aa84f", p99: "#c0392b", measured: "#f1c232", ceiling: "#7f7f7f",
                  advised: "#8e44ad", knee: "#e67e22", run: "#c0392b", idle: "#1f6fb5", stall: "#e67e22",
-                 pool_wait: "#8e44ad" }.freeze
+                 pool_wait: "#8e44ad", lock: "#16a085" }.freeze
       # Bins (ms) of the distribution chart.
       BINS = [0.1, 0.3, 1, 3, 10, 30, 100, 300, 1000].freeze
-      FIGURES = %i[run idle stall pool_wait].freeze
+      FIGURES = %i[run idle stall pool_wait lock].freeze
 
       # advice: Recommender#call's Hash (Symbol or String keys); window: the
       # window it came from, for the distribution (optional).
@@ -140,6 +140,7 @@ module Serval
                  { name: "I/O", value: w[:mean_io] * 1e3, color: COLORS[:idle] },
                  { name: "stall", value: (m[:stall_mean] || w[:estimated_stall]).to_f * 1e3, color: COLORS[:stall] },
                  { name: "pool_wait", value: m[:pool_wait_mean].to_f * 1e3, color: COLORS[:pool_wait] }]
+        parts << { name: "lock", value: m[:lock_mean] * 1e3, color: COLORS[:lock] } if m[:lock_mean]
         Svg.stacked_bar(title: "A request's time, measured means (ms)", parts: parts, unit: "ms")
       end
 

@@ -51,6 +51,17 @@ module Serval
     #   before it can take another request. The request's latency ends
     #   before it; the next request, in a closed loop sent as soon as the
     #   response arrives, waits for it in the queue.
+    # - `lock`: the share (0..1] of the waits a thread does holding the
+    #   process's one Ruby lock (a Mutex or Monitor: Logger's, around its
+    #   write), chosen per request and wait at random (seeded) - a local
+    #   serialising resource, unlike I/O. A thread that ends a CPU segment
+    #   before such a wait takes the lock if it is free; else it gives the
+    #   GVL up and waits for the lock (lock_wait), in line. The holder keeps
+    #   the lock through the wait and until it has the GVL again (it must
+    #   run to unlock), and hands it to the first in line, which then asks
+    #   for the GVL to go on. So the lock is held longer the longer the GVL
+    #   queue is, and more threads wait longer for it (lib/serval/advice/lock.rb
+    #   picks the share that reproduces the measured lock waits).
     # - `scale`: every CPU segment that many times as long (what if the
     #   requests computed a little more or less: Recommender#precision).
     # - `threads` request threads. Closed loop (#closed): as many clients as
@@ -72,7 +83,8 @@ module Serval
       SPEED_STEP = 0.25
 
       Result = Struct.new(:threads, :requests, :rps, :latency_p50, :latency_p99, :wall_p50, :wall_p99,
-                          :stall_mean, :stall_p95, :stall_max, :pool_wait_mean, :queue_mean, :gvl_busy, keyword_init: true) do
+                          :stall_mean, :stall_p95, :stall_max, :pool_wait_mean, :queue_mean, :gvl_busy,
+                          :lock_wait_mean, keyword_init: true) do
         def to_h = super.transform_values { |v| v.is_a?(Float) ? v.round(6) : v }
       end
 
@@ -81,7 +93,7 @@ module Serval
       ORDERS = %i[fifo random].freeze
 
       def initialize(profiles, quantum: QUANTUM, pool: nil, order: :fifo, seed: 1, handoff: 0.0, speed: nil, scale: 1.0,
-                     loop_cpu: 0.0, between: 0.0)
+                     loop_cpu: 0.0, between: 0.0, lock: nil)
         raise ArgumentError, "no request profiles" if profiles.empty?
         raise ArgumentError, "quantum must be > 0" unless quantum.positive?
         raise ArgumentError, "pool must be an Integer >= 1" unless pool.nil? || (pool.is_a?(Integer) && pool >= 1)
@@ -104,8 +116,11 @@ module Serval
         @between = Float(between)
         raise ArgumentError, "loop_cpu and between must be >= 0" if @loop_cpu.negative? || @between.negative?
 
+        @lock = lock && Float(lock)
+        raise ArgumentError, "lock must be a share in (0, 1]" if @lock && !(@lock > 0 && @lock <= 1)
+
         @options = { quantum: quantum, pool: pool, order: order, seed: seed, handoff: handoff, speed: speed,
-                     loop_cpu: loop_cpu, between: between }
+                     loop_cpu: loop_cpu, between: between, lock: lock }
       end
 
       # The same requests with every CPU segment `factor` times as long.
@@ -128,6 +143,20 @@ module Serval
       end
 
       private
+
+      # Per profile, which of its waits hold the lock: nil (none) or an
+      # Array of booleans by wait (#play). Seeded: every thread count and
+      # every run sees the same choice.
+      def locked_waits
+        @locked_waits ||= begin
+          rng = Random.new(@seed + 7)
+          q = @lock
+          @profiles.map do |p|
+            marks = Array.new(p.size / 2) { rng.rand < q }
+            marks.any? ? marks : nil
+          end
+        end
+      end
 
       def normalized(list)
         speeds = list.map { |v| Float(v) }
@@ -178,12 +207,21 @@ module Serval
         loop_cpu = @loop_cpu
         between = @between
         due = 0.0 # loop_cpu not yet run (class comment)
+        locked = @lock && locked_waits
+        lstate = Array.new(threads, 0) # the lock (class comment): 1 granted, its wait to come; 2 release at next grant
+        holder = nil
+        line = []                      # threads waiting for the lock, first first
+        lfrom = Array.new(threads, 0.0)
+        lwait = Array.new(threads, 0.0)
+        pidx = Array.new(threads, 0)   # the index of each thread's profile (locked waits)
+        lock_out = []
 
         threads.times do |i|
           break if nxt >= n
 
           arr = arrivals ? arrivals[nxt] : 0.0
           prof[i] = @profiles[nxt]
+          pidx[i] = nxt
           rem[i] = (prof[i][0] * scale) + (prof[i].size == 1 ? between : 0.0)
           arrived[i] = began[i] = ready[i] = arr
           nxt += 1
@@ -211,6 +249,15 @@ module Serval
           stall[i] += start - t
           asked[i] = t
           granted[i] = start
+          if lstate[i] == 2 # back with the GVL after its locked wait: unlocks, the first in line takes the lock
+            lstate[i] = 0
+            holder = line.shift
+            if holder
+              lstate[holder] = 1
+              lwait[holder] += start - lfrom[holder]
+              ready[holder] = start
+            end
+          end
           c = rem[i] # work left; at speed sp it takes c / sp
           sp = speeds ? speeds[((start + offset) / step).floor % nspeeds] : 1.0
           c /= sp if speeds
@@ -240,6 +287,7 @@ module Serval
             due += loop_cpu
             finished << done
             lat_out << (done - arrived[i])
+            lock_out << lwait[i]
             wall_out << (done - began[i])
             stall_out << stall[i]
             pwait_out << pwait[i]
@@ -247,16 +295,31 @@ module Serval
             if nxt < n # the thread takes the next request: at once, or when it arrives
               arr = arrivals ? arrivals[nxt] : done
               prof[i] = p = profiles[nxt]
+              pidx[i] = nxt
               nxt += 1
               seg[i] = 0
               rem[i] = (p[0] * scale) + (p.size == 1 ? between : 0.0)
               arrived[i] = arr
               began[i] = ready[i] = arr > gvl_free ? arr : gvl_free
-              stall[i] = pwait[i] = 0.0
+              stall[i] = pwait[i] = lwait[i] = 0.0
             else
               ready[i] = inf
             end
           else
+            if locked && (marks = locked[pidx[i]]) && marks[s / 2]
+              if lstate[i] == 1 # the lock came to it in line: on to the wait
+                lstate[i] = 2
+              elsif holder.nil?
+                holder = i
+                lstate[i] = 2
+              else # in line for the lock, without the GVL; the CPU segment is done, the wait still to come
+                line << i
+                lfrom[i] = gvl_free
+                ready[i] = inf
+                rem[i] = 0.0
+                next
+              end
+            end
             io = p[s]
             if io.negative? # joined to the previous wait (class comment)
               fin = iostart[i] - io
@@ -281,7 +344,7 @@ module Serval
           end
         end
         summarize(threads, finished, { latency: lat_out, wall: wall_out, stall: stall_out, pool_wait: pwait_out,
-                                       queue: queue_out }, busy)
+                                       queue: queue_out, lock: lock_out }, busy)
       end
 
       # Figures over the steady part: the first tenth of the requests warm up
@@ -303,6 +366,7 @@ module Serval
                    wall_p50: Advice.quantile(wall, 0.5), wall_p99: Advice.quantile(wall, 0.99),
                    stall_mean: mean.call(st), stall_p95: Advice.quantile(st, 0.95), stall_max: st.last,
                    pool_wait_mean: mean.call(out[:pool_wait][from..to]), queue_mean: mean.call(out[:queue][from..to]),
+                   lock_wait_mean: @lock ? mean.call(out[:lock][from..to]) : nil,
                    gvl_busy: finished[-1].positive? ? busy / finished[-1] : 0.0)
       end
     end

@@ -67,8 +67,10 @@ module Serval
         list = rows
         list.each_with_index.map do |r, i|
           gain = i.zero? ? nil : ((r.rps / list[i - 1].rps) - 1).round(4)
-          { threads: r.threads, rps: r.rps.round(2), gain: gain, stall_mean: r.stall_mean.round(6),
-            wall_p50: r.wall_p50.round(6), wall_p99: r.wall_p99.round(6), gvl_busy: r.gvl_busy.round(4) }
+          row = { threads: r.threads, rps: r.rps.round(2), gain: gain, stall_mean: r.stall_mean.round(6),
+                  wall_p50: r.wall_p50.round(6), wall_p99: r.wall_p99.round(6), gvl_busy: r.gvl_busy.round(4) }
+          row[:lock_mean] = r.lock_wait_mean.round(6) if r.lock_wait_mean # with a lock modelled (Simulation)
+          row
         end
       end
 

@@ -25,17 +25,22 @@ module Serval
       end
 
       HEAD = ["threads", "req/s", "gain", "stall mean", "p50", "p99", ""].freeze
+      LOCK_HEAD = ["threads", "req/s", "gain", "stall mean", "lock mean", "p50", "p99", ""].freeze
 
+      # A "lock mean" column when the advice modelled a lock (Advice::Lock).
       def sweep_lines(a)
+        locked = a[:sweep].any? { |r| r[:lock_mean] }
+        head = locked ? LOCK_HEAD : HEAD
         rows = a[:sweep].map do |r|
           mark = [("advised" if r[:threads] == a[:threads]), ("knee" if r[:threads] == a[:knee] && a[:knee] != a[:threads]),
                   ("running" if r[:threads] == a[:running_threads])].compact.join(", ")
-          [r[:threads].to_s, format("%.1f", r[:rps]), gain(r[:gain]),
-           ms(r[:stall_mean]), ms(r[:wall_p50]), ms(r[:wall_p99]), mark.empty? ? "" : "<- #{mark}"]
+          [r[:threads].to_s, format("%.1f", r[:rps]), gain(r[:gain]), ms(r[:stall_mean]),
+           *(locked ? [ms(r[:lock_mean])] : []), ms(r[:wall_p50]), ms(r[:wall_p99]), mark.empty? ? "" : "<- #{mark}"]
         end
-        widths = HEAD.each_index.map { |i| ([HEAD[i]] + rows.map { |r| r[i] }).map(&:size).max }
-        fmt = ->(cells) { cells.each_with_index.map { |c, i| i.zero? || i == 6 ? c.ljust(widths[i]) : c.rjust(widths[i]) }.join("  ").rstrip }
-        ["Predicted for one process, saturated (as many clients as threads):", fmt.call(HEAD),
+        widths = head.each_index.map { |i| ([head[i]] + rows.map { |r| r[i] }).map(&:size).max }
+        last = head.size - 1
+        fmt = ->(cells) { cells.each_with_index.map { |c, i| i.zero? || i == last ? c.ljust(widths[i]) : c.rjust(widths[i]) }.join("  ").rstrip }
+        ["Predicted for one process, saturated (as many clients as threads):", fmt.call(head),
          *rows.map { |r| fmt.call(r) }]
       end
 
@@ -51,6 +56,7 @@ module Serval
           out << format("  predicted GVL stall at %d threads, saturated: mean %s, p95 %s", a[:threads], ms(st[:mean]),
                         ms(st[:p95]))
         end
+        out.concat(lock(a[:lock], a[:threads])) if a[:lock]
         top = a.dig(:precision, :load)
         Array(a[:load]).each do |l|
           range = top && top[:load] == l[:load] ? top[:latency_p99_range] : nil
@@ -60,6 +66,18 @@ module Serval
         end
         out.concat(database(a[:database])) if a[:database]
         out.concat(capacity(a[:capacity])) if a[:capacity]
+        out
+      end
+
+      # Waits for Ruby locks: measured, and what the model made of them.
+      def lock(l, threads)
+        out = [format("  lock waits (Ruby locks, not I/O): %s per request measured%s%s", ms(l[:measured_mean]),
+                      l[:threads] ? " at #{l[:threads]} threads" : "",
+                      l[:share_of_wall] ? format(" (%.1f %% of wall)", l[:share_of_wall] * 100) : "")]
+        if l[:share]
+          out << format("  modelled as one lock held through %d %% of the waits: predicted %s at %d threads, saturated",
+                        (l[:share] * 100).round, ms(l[:predicted_mean]), threads)
+        end
         out
       end
 

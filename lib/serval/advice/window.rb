@@ -36,10 +36,11 @@ module Serval
     #
     #     # Per-request figures, either paired records (preferred: keeps a
     #     # request's run and idle together) ...
-    #     samples: [{run:, idle:, stall:, pool_wait:, queue:, wall:, shape:}, ...],
+    #     samples: [{run:, idle:, stall:, pool_wait:, lock:, queue:, wall:, shape:}, ...],
+    #     # (lock, optional: waits for a Ruby lock, Ruby 3.3+; not in idle)
     #     # (shape, optional: [held, idle, ..., held] seconds in order, Workload)
     #     # ... or histograms, one per figure ({bounds:, counts:, sum:}, see
-    #     # Distribution): run, idle, stall, pool_wait, queue, wall.
+    #     # Distribution): run, idle, stall, pool_wait, lock, queue, wall.
     #     histograms: { run: {...}, idle: {...}, pool_wait: {...} },
     #   }
     #
@@ -60,6 +61,9 @@ module Serval
     # working all the while. And idle_send_hidden's: the remote's time in
     # GVL waits during which the answer came (HiddenRemote).
     #
+    # Lock waits (`lock`) are not in idle, so not in the I/O either: the
+    # recommender models them as a lock the threads share (Advice::Lock).
+    #
     # The samples (a few thousand at most) keep each request's figures
     # together; the histograms' sums cover every request of the window. The
     # model takes the samples' shapes at the histograms' means: each figure
@@ -67,7 +71,7 @@ module Serval
     # (#calibrated) - a thousand exponential samples put the mean a few per
     # cent off either way, and the model's top and its low counts move with it.
     class Window
-      FIGURES = %i[run idle stall pool_wait queue wall cpu wait].freeze
+      FIGURES = %i[run idle stall pool_wait lock queue wall cpu wait].freeze
 
       attr_reader :route_samples
       attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms, :processes,
@@ -198,7 +202,7 @@ module Serval
       end
 
       # Figures the samples are scaled by, to the histograms' means.
-      CALIBRATED = %i[run idle pool_wait cpu wall].freeze
+      CALIBRATED = %i[run idle pool_wait lock cpu wall].freeze
       # A histogram whose mean is this far from the samples' is not of the
       # same requests (a hand-made window): the samples are kept as they are.
       CALIBRATION_RANGE = (0.5..2.0)

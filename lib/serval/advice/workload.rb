@@ -38,11 +38,17 @@ module Serval
     # says how much); `between`: seconds per request a thread holds the GVL
     # outside the request's measured span (Window#between_cpu). Neither is in
     # the profiles: the Simulation plays them (#sim_options).
+    #
+    # `lock`: the share of the waits played holding the process's Ruby lock
+    # (Simulation's `lock`; Advice::Lock picks it from the measured lock
+    # waits), nil for none. The measured lock waits themselves are in no
+    # profile: like stall they are what threads do to each other, which
+    # the Simulation plays for each thread count.
     class Workload
       LINK_SEND_MAX = 200e-6 # = Native::GVL::LINK_SEND_MAX (test/gvl_test.rb checks)
       LINK_RUN_MAX = 100e-6  # = Native::GVL::LINK_RUN_MAX
 
-      attr_reader :io_waits, :split, :tail_cpu, :between
+      attr_reader :io_waits, :split, :tail_cpu, :between, :lock
 
       def initialize(run: nil, io: nil, pairs: nil, io_waits: 1, split: :equal, tail_cpu: 0.0, between: 0.0)
         @pairs = pairs&.map { |r, i, shape| shape ? [Float(r), Float(i), shape_of(shape)] : [Float(r), Float(i)] }
@@ -71,8 +77,21 @@ module Serval
         copy
       end
 
+      # The same requests with `share` of their waits held under the lock (nil: none).
+      def with_lock(share)
+        raise ArgumentError, "lock must be a share in (0, 1]" if share && !(share.positive? && share <= 1)
+
+        copy = dup
+        copy.instance_variable_set(:@lock, share && Float(share))
+        copy
+      end
+
       # What Simulation.new takes from this workload beside its profiles.
-      def sim_options = { loop_cpu: @tail_cpu, between: @between }
+      def sim_options
+        opts = { loop_cpu: @tail_cpu, between: @between }
+        opts[:lock] = @lock if @lock
+        opts
+      end
 
       # Mean CPU segments per request: the GVL grants one request asks for.
       def mean_segments
@@ -85,13 +104,14 @@ module Serval
 
       # The same requests with every wait multiplied by factor.
       def scale_io(factor)
-        if @pairs
-          Workload.new(pairs: @pairs.map { |r, i, shape| [r, i * factor, shape] }, io_waits: @io_waits, split: @split,
-                       tail_cpu: @tail_cpu, between: @between)
-        else
-          Workload.new(run: @run, io: ScaledDistribution.new(@io, factor), io_waits: @io_waits, split: @split,
-                       tail_cpu: @tail_cpu, between: @between)
-        end
+        scaled = if @pairs
+                   Workload.new(pairs: @pairs.map { |r, i, shape| [r, i * factor, shape] }, io_waits: @io_waits,
+                                split: @split, tail_cpu: @tail_cpu, between: @between)
+                 else
+                   Workload.new(run: @run, io: ScaledDistribution.new(@io, factor), io_waits: @io_waits, split: @split,
+                                tail_cpu: @tail_cpu, between: @between)
+                 end
+        @lock ? scaled.with_lock(@lock) : scaled
       end
 
       # Mean seconds per request holding the GVL / waiting without it.

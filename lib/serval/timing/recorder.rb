@@ -22,9 +22,13 @@ module Serval
                                             "to the app call (requests with the header)",
         # the C histograms' order; this one only with Active Record (Native::PoolWait enabled)
         "request_pool_wait_seconds" => "Time a request was blocked checking out an Active Record database " \
-                                       "connection (not counted in run, idle or stall)"
+                                       "connection (not counted in run, idle or stall)",
+        # only where lock waits are told from idle (Ruby 3.3+, Native::GVL.lock_split?)
+        "request_lock_seconds" => "Time a request waited for a Ruby lock (Mutex, Monitor, ConditionVariable, " \
+                                  "Queue; not counted in idle)"
       }.freeze
       POOL_WAIT = "request_pool_wait_seconds"
+      LOCK = "request_lock_seconds"
       # Counters: seconds summed over every request (Prometheus rate() of
       # them is a per-second share, the same for any number of scrapers).
       # name => [index in the C sums (nil: wall), help]
@@ -37,6 +41,7 @@ module Serval
         "request_stall_seconds_total" => [3, "Seconds requests waited for the GVL, summed (0 on Ruby < 3.2)"],
         "request_pool_wait_seconds_total" => [5, "Seconds requests were blocked checking out a database " \
                                                  "connection, summed (only with Active Record)"],
+        "request_lock_seconds_total" => [6, "Seconds requests waited for a Ruby lock, summed (Ruby 3.3+)"],
         "request_wall_seconds_total" => [nil, "Seconds from app call to response handed to the core, " \
                                               "summed over every request"]
       }.freeze
@@ -88,8 +93,10 @@ module Serval
         slots = bounds.size + 1
         out = {}
         pool_wait = Native::PoolWait.enabled?
+        lock = Native::GVL.lock_split?
         METRICS.each_with_index do |(name, help), m|
           next if name == POOL_WAIT && !pool_wait
+          next if name == LOCK && !lock
 
           out[name] = histogram(help, counts[m * slots, slots], sums[m], bounds)
         end
@@ -112,8 +119,10 @@ module Serval
       # Monotonic figures: take nothing from the previous read.
       def counters(out, sums, wall_total, timed, split)
         pool_wait = Native::PoolWait.enabled?
+        lock = Native::GVL.lock_split?
         COUNTERS.each do |name, (index, help)|
           next if index == 5 && !pool_wait # as the histogram: only with Active Record
+          next if index == 6 && !lock
 
           out[name] = { type: :counter, help: help, value: index ? sums[index] : wall_total }
         end

@@ -12,7 +12,7 @@ module Serval
     #
     #   { requests:, seconds:, max_threads:, gvl_split:, ruby:, io_waits:, gvl_handoff:, gvl_handoffs:,
     #     db_pools:, cpu_speed: [0.98, 1.0, 0.61, ...], outside_cpu: 0.07, gvl_between: 0.03, idle_cpu_wait: 0.3,
-    #     samples: [{queue:, run:, idle:, stall:, pool_wait:, wall:, shape:}],
+    #     samples: [{queue:, run:, idle:, stall:, pool_wait:, wall:, lock:, shape:}],
     #     route_samples: [{route:, run:, idle:, stall:, wall:}] (Timing::Routes; only with requests),
     #     loaded: {requests:, seconds:} (#loaded),
     #     sampled_from:, histograms: {queue: {bounds:, counts:, sum:}, ...} }
@@ -23,12 +23,15 @@ module Serval
     # 3.1 (gvl_split false) only requests that read the CPU clock (one in
     # 1/timing_sample_rate) are sampled: run is their CPU time, idle wall -
     # CPU - pool_wait; queue, wall and pool_wait histograms count every request.
+    # On Ruby 3.3+ a sample also has `lock`: its waits for a Ruby lock,
+    # which are not in its idle (ext/serval/gvl.c); its shape keeps each as
+    # an idle span of 0 (the thread gave the GVL up and asked again).
     # With the GVL hook a sample also carries its `shape`: the request's
     # GVL-held and idle spans in order, [held, idle, held, ..., held]
     # seconds (at most WINDOW_SHAPE_SPANS; later spans fold into the last
     # two), which the model replays instead of splitting run and idle evenly.
     module Window
-      FIGURES = %i[queue run idle stall pool_wait wall cpu].freeze
+      FIGURES = %i[queue run idle stall pool_wait wall cpu lock].freeze
       CAP = WINDOW_BUCKETS * WINDOW_RESERVOIR # samples at most, one process or many
       DIGITS = 7 # samples rounded to 0.1 us: a smaller JSON answer
       SPEED_MIN_BUSY = 0.25 # a step's GVL held at least this share of it counts for cpu_speed
@@ -291,7 +294,7 @@ module Serval
       end
 
       def sample(row, gvl_split)
-        keys = gvl_split ? %i[queue run idle stall pool_wait wall cpu] : %i[queue run idle cpu pool_wait wall]
+        keys = gvl_split ? %i[queue run idle stall pool_wait wall cpu lock] : %i[queue run idle cpu pool_wait wall]
         out = keys.each_with_object({}) { |k, h| h[k] = row[k].round(DIGITS) if row[k] }
         out[:shape] = row[:shape].map { |v| v.round(DIGITS) } if gvl_split && row[:shape]
         out
