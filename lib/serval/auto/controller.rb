@@ -68,13 +68,21 @@ module Serval
     #   model;
     # - at part load (arrivals below `open_load` of what the model says the
     #   count serves), with a model that predicts
-    #   open-loop p99 at the measured arrival rate: toward the count with the
-    #   lowest predicted p99, when the current count's is more than
-    #   `open_gain` above it or the count is not above that best - then to
-    #   the most threads, at most `open_above` past it, within `open_gain`
-    #   of it (p99 is a cliff below the best count and a slope above it, and
-    #   the model errs by a few per cent: the safe side is above)
-    #   (up or down; the closed-loop rules above are
+    #   open-loop p99 at the measured arrival rate: toward the fewest threads
+    #   whose predicted p99 is within `open_gain` of the lowest (the top of
+    #   the cliff: below it a count cannot keep up and p99 climbs steeply)
+    #   plus `open_margin` (the model's capacity per count errs by a few per
+    #   cent), and only while that one is as good within `open_gain`; held
+    #   anywhere from that fewest to `open_margin` past it, over the last
+    #   `open_memory` models (hysteresis). Not toward the lowest predicted
+    #   p99 itself: above the cliff the predicted curve is flat within the
+    #   model's noise (3,000 simulated requests: a few per cent), so the
+    #   count with the lowest figure wanders over the flat part from one
+    #   model run to the next, and a rule that went up to it (or past it)
+    #   whenever it lay above ratcheted the count up each time it did
+    #   (bench/NOTES.md "Auto's part-load target"), while measured p99
+    #   grows a few per cent per thread there (more threads, more GVL
+    #   contention). (Up or down; the closed-loop rules above are
     #   about saturation and do not apply: at part load req/s is the
     #   arrival rate whatever the count, and a burst queues at any count);
     # - hold otherwise, with too few requests, or in the `cooldown` intervals
@@ -111,11 +119,10 @@ module Serval
         probe_queue: 2.0,     # ... longer than this many times their wall (a standing queue) -> probe +1
         open_load: 0.9,       # arrivals below this share of the model's req/s at the count, no standing queue:
                               # part load, where the count with the lowest predicted p99 is the target
-        open_gain: 0.05,      # ... moved to only when the count's predicted p99 is this much above it,
-        open_above: 2         # ... or the count is at or below that best: then to the most threads up to this
-                              # many past it whose p99 is within open_gain of it (p99 climbs steeply below
-                              # the best count and slowly above, and the model's capacity per count errs by a
-                              # few per cent: the top of the flat part is the safe side)
+        open_gain: 0.05,      # ... the counts whose predicted p99 is within this share of the lowest are alike:
+        open_margin: 1,       # ... the target is the fewest of them plus this many, and a count from that fewest
+                              # to this many past it is held
+        open_memory: 2        # ... over this many of the latest models (the fewest wanders by one between runs)
       }.freeze
 
       # The fewest threads (1-based) whose predicted req/s reaches `fraction`
@@ -123,6 +130,20 @@ module Serval
       def self.knee(rps, fraction)
         best = rps.max
         (rps.index { |r| r >= fraction * best } || (rps.size - 1)) + 1
+      end
+
+      # From a model's open-loop p99 for 1..top threads: [fewest threads
+      # within `gain` of the lowest (the top of the cliff), the part-load
+      # target (that plus up to `margin` while as good), the lowest's count
+      # (the fewest among equals)]; nil when no count keeps up.
+      def self.open_target(p99, top, gain, margin)
+        counts = (1..top).select { |t| p99[t - 1] }
+        best = counts.min_by { |t| [p99[t - 1], t] }
+        return nil unless best && p99[best - 1].finite?
+
+        near = ->(t) { p99[t - 1] && p99[t - 1] <= p99[best - 1] * (1 + gain) }
+        lo = counts.find(&near)
+        [lo, counts.select { |t| t >= lo && t <= lo + margin && near.(t) }.max, best]
       end
 
       # reason: the latest interval's (a hold says why it held);
@@ -147,6 +168,8 @@ module Serval
         @seen = {}       # threads => [rps, stall_mean, tick, latency] measured while requests queued
         @ceiling = nil   # [threads, until tick, the model's target when set]
         @want = nil      # the model's latest target
+        @open_model = nil # the latest model seen at part load ...
+        @open_los = []   # ... and the fewest threads within open_gain of its lowest p99, latest models last
       end
 
       # m: a Measurement; model: nil or {rps: [..], stall: [..], p99: [..] or nil} for 1..N
@@ -245,12 +268,12 @@ module Serval
         [:hold, n, format("the model puts the knee at %d threads (target %d)", knee, want)]
       end
 
-      # Part load: nil when the model has no open-loop figures or the
-      # arrivals come near what the count serves (then the closed-loop rules
-      # decide: in a closed loop req/s is what the count serves); else a
-      # vote toward the count with the lowest predicted p99 (the fewest
-      # threads among equals). A queue at part load is not a reason to add
-      # threads by itself: the prediction already counts it.
+      # Part load: nil when the model has no open-loop figures, none keeps
+      # up, or the arrivals come near what the count serves (then the
+      # closed-loop rules decide: in a closed loop req/s is what the count
+      # serves); else a vote toward the part-load target (#open_target). A
+      # queue at part load is not a reason to add threads by itself: the
+      # prediction already counts it.
       def open_vote(m, model, cap, here_rps)
         p99 = model[:p99]
         return nil unless p99 && !saturated?(m, here_rps)
@@ -259,21 +282,35 @@ module Serval
         now = p99[[n, p99.size].min - 1]
         return [:hold, n, "part load; the model has no p99 for #{n} threads yet"] unless now
 
-        top = [cap, ceiling, p99.size].min
-        counts = (1..top).select { |t| p99[t - 1] }
-        best = counts.min_by { |t| [p99[t - 1], t] } || n
-        near = ->(t) { p99[t - 1] && p99[t - 1] <= p99[best - 1] * (1 + @s[:open_gain]) }
-        # the most threads, up to `open_above` past the best, whose p99 is as good
-        target = counts.select { |t| t > best && t <= best + @s[:open_above] && near.(t) }.max || best
+        lo, target, best = Controller.open_target(p99, [cap, ceiling, p99.size].min, @s[:open_gain], @s[:open_margin])
+        return nil unless lo
+
+        low, high = remember_open(model, lo)
         load = format("arrivals at %.0f req/s, %d %% of what %d threads serve", m.rps, (m.rps / here_rps * 100).round, n)
-        if near.(n) && (n > best || n == target)
-          return [:hold, n, format("%s: the model's p99 at %d threads (%s) is within %d %% of the best (%d threads)",
-                                   load, n, ms(now), (@s[:open_gain] * 100).round, best)]
+        within = now <= p99[best - 1] * (1 + @s[:open_gain])
+        if within && n.between?(low, high + @s[:open_margin])
+          return [:hold, n, format("%s: the model's p99 at %d threads (%s) is within %d %% of the best (%s at %d), " \
+                                   "from %d threads on", load, n, ms(now), (@s[:open_gain] * 100).round,
+                                   ms(p99[best - 1]), best, lo)]
         end
 
-        [target > n ? :up : :down, target, format("%s: the model's p99 is %s at %d threads, %s at %d%s",
-                                                  load, ms(p99[target - 1]), target, ms(now), n,
-                                                  target == best ? "" : format(" (best %d: %s)", best, ms(p99[best - 1])))]
+        [target > n ? :up : :down, target,
+         format("%s: the model's p99 is %s at %d threads, %s at %d (best %d: %s; within %d %% from %d threads on)",
+                load, ms(p99[target - 1]), target, ms(now), n, best, ms(p99[best - 1]), (@s[:open_gain] * 100).round, lo)]
+      end
+
+      # The fewest-within-gain counts of the latest `open_memory` models
+      # (a model is new when the tuner hands over another object): [lowest,
+      # highest] of them.
+      def remember_open(model, lo)
+        if @open_model.equal?(model)
+          @open_los[-1] = lo
+        else
+          @open_model = model
+          @open_los << lo
+          @open_los.shift while @open_los.size > @s[:open_memory]
+        end
+        @open_los.minmax
       end
 
       # The process serves (near) all the model says its count can: a closed

@@ -166,9 +166,14 @@ module Serval
 
       def knee(model) = Controller.knee(model[:rps], @controller.settings[:fraction])
 
+      # The fewest threads whose predicted open-loop p99 is within the
+      # controller's open_gain of the lowest (the count the controller's
+      # part-load target is counted from; the lowest's own count wanders
+      # over the flat part from run to run).
       def open_best(model)
         p99 = model[:p99] or return nil
-        (1..p99.size).select { |t| p99[t - 1] }.min_by { |t| [p99[t - 1], t] }
+        s = @controller.settings
+        Controller.open_target(p99, p99.size, s[:open_gain], s[:open_margin])&.first
       end
     end
   end
