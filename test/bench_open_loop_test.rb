@@ -7,6 +7,7 @@
 # reads a pooled list the way the generator reads its own.
 require_relative "test_helper"
 require "socket"
+require "json"
 require_relative "../bench/lib/bench"
 require_relative "../bench/lib/bench/open_loop"
 
@@ -36,6 +37,7 @@ class BenchOpenLoopTest < Minitest::Test
       @paths << line.split[1] if line.start_with?("GET ")
       next unless line == "\r\n"
 
+      @serial&.synchronize { sleep @serial_seconds } # one request at a time: a server of 1 / serial_seconds req/s
       sock.write("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
     end
   rescue IOError, SystemCallError
@@ -101,6 +103,28 @@ class BenchOpenLoopTest < Minitest::Test
     assert advice.on_schedule?({ "sent" => 12_000, "late" => 120 })
     refute advice.on_schedule?({ "sent" => 12_000, "late" => 240 })
     refute advice.on_schedule?({ "sent" => 0, "late" => 2 })
+  end
+
+  # bench/run advice compares auto with fixed counts only at a rate the best
+  # fixed count keeps up with: a server of ~50 req/s keeps up with 15 a
+  # second and not with 120 (answered behind the schedule: goodput under
+  # 95 % of the scheduled rate), and the goodput it reaches behind is its
+  # open-loop capacity, from which the rate is taken again.
+  def test_a_rate_the_server_does_not_sustain_is_told_apart
+    @serial = Mutex.new
+    @serial_seconds = 0.02
+    slow = lambda do |rate|
+      r = Bench::OpenLoop.new(host: "127.0.0.1", port: @server.addr[1], path: "/", rate: rate, duration: 1.0, warmup: 0,
+                              connections: 8, seed: 3).run
+      JSON.parse(JSON.generate(r))
+    end
+    behind = slow.call(120)
+    refute Bench::Workloads::Advice.sustained?([behind]), behind.inspect
+    assert_operator behind["goodput_rps"], :<, 55
+    assert_operator behind["goodput_rps"], :>, 20
+    kept = slow.call(15)
+    assert Bench::Workloads::Advice.sustained?([kept]), kept.inspect
+    refute Bench::Workloads::Advice.sustained?([kept, behind])
   end
 
   def test_percentile_of_nothing_is_nil_and_nearest_rank

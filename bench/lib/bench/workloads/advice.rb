@@ -485,25 +485,72 @@ module Bench
       # auto, gets the same treatment: auto_warmup s of the same arrivals
       # (not counted; auto moves its count meanwhile), then `rounds` runs of
       # open_seconds with arrival seeds 1.., p99 of their latencies pooled.
-      # Auto's final count and its `threads:` log lines are kept.
+      # Auto's count after the warm-up and after each run, its changes in
+      # the measured runs (`moved`: it had not settled) and its `threads:`
+      # log lines are kept.
+      #
+      # The rate must be one the best fixed count sustains open loop, or the
+      # comparison is between overloads (session 21, Rails: 80 % of the
+      # closed-loop sweep's best, wrk -c = threads, was above what any count
+      # served with open arrivals from 64 connections, and every p99 was
+      # seconds of backlog). So when the best fixed count did not keep up
+      # (#sustained?), the rate becomes auto_load x the open-loop capacity:
+      # the most any fixed count answered a second in those overloaded runs
+      # (goodput: a server behind its schedule serves all it can), and the
+      # fixed counts are measured again at it; `rate_basis` says which.
       def auto_compare(server, kase, db_path, advice, best, knee)
         rate = (auto_load * best).round(2)
         counts = [knee, knee + 1, advice["threads"]].compact.select(&:positive?).uniq.sort
-        fixed = counts.map do |t|
-          runs = with_db_server(server, db_path, t, kase: kase) { |proc| aged_open_runs(proc, kase, rate) }
-          p99 = pooled_percentile(runs, 0.99)
-          ctx.log format("advice: %s fixed %d threads open %.1f req/s: p99 %.1f ms (runs %s)", kase.label, t, rate, p99.to_f,
-                         runs.map { |m| m["p99_ms"].to_f.round(1) }.inspect)
-          { "threads" => t, "p99_ms" => p99, "p50_ms" => pooled_percentile(runs, 0.5), "runs_p99_ms" => runs.map { |m| m["p99_ms"] },
-            "late" => runs.map { |m| m["late"].to_i }, "errors" => runs.sum { |m| m["errors"].to_i } }
-        end
+        fixed = fixed_open(server, kase, db_path, counts, rate)
         best_fixed = fixed.min_by { |f| f["p99_ms"] || Float::INFINITY }
+        basis = format("%.0f %% of the closed-loop sweep's best (%.1f req/s)", auto_load * 100, best)
+        overloaded = nil
+        unless best_fixed["sustained"]
+          capacity = fixed.map { |f| f["goodput_rps"].to_f }.max
+          overloaded = { "rate" => rate, "fixed" => fixed, "capacity_rps" => capacity }
+          rate = (auto_load * capacity).round(2)
+          basis = format("%.0f %% of the open-loop capacity (%.1f req/s: the best goodput of the fixed counts at %.1f " \
+                         "req/s, which the best of them did not sustain)", auto_load * 100, capacity, overloaded["rate"])
+          ctx.log "advice: #{kase.label}: no fixed count kept up open loop at #{overloaded['rate']} req/s; again at #{rate} (#{basis})"
+          fixed = fixed_open(server, kase, db_path, counts, rate)
+          best_fixed = fixed.min_by { |f| f["p99_ms"] || Float::INFINITY }
+        end
         auto = auto_open(server, kase, db_path, rate)
         ratio = auto["p99_ms"] && best_fixed["p99_ms"] ? auto["p99_ms"] / best_fixed["p99_ms"] : nil
-        ctx.log format("advice: %s auto open %.1f req/s: p99 %.1f ms at %s threads; best fixed %d: %.1f ms (%.2f x)", kase.label,
-                       rate, auto["p99_ms"].to_f, auto["threads"].inspect, best_fixed["threads"], best_fixed["p99_ms"].to_f, ratio.to_f)
-        { "load" => auto_load, "rate" => rate, "warmup" => auto_warmup, "fixed" => fixed, "best_fixed" => best_fixed,
-          "auto" => auto, "ratio" => ratio, "ok" => ratio ? ratio <= 1.1 : false }
+        ctx.log format("advice: %s auto open %.1f req/s: p99 %.1f ms at %s threads; best fixed %d: %.1f ms (%.2f x)%s", kase.label,
+                       rate, auto["p99_ms"].to_f, auto["threads"].inspect, best_fixed["threads"], best_fixed["p99_ms"].to_f, ratio.to_f,
+                       best_fixed["sustained"] ? "" : " - the best fixed count did not sustain this rate either")
+        { "load" => auto_load, "rate" => rate, "rate_basis" => basis, "overloaded" => overloaded, "warmup" => auto_warmup,
+          "fixed" => fixed, "best_fixed" => best_fixed, "sustained" => best_fixed["sustained"],
+          "auto" => auto, "ratio" => ratio, "ok" => ratio && best_fixed["sustained"] ? ratio <= 1.1 : false }
+      end
+
+      # GOODPUT_MIN: a count keeps up when it answers at least this share of
+      # the schedule's rate (counted requests over the run, answered over
+      # the span to the last answer; a run at 80 % load ends within a p99 of
+      # its schedule) with no more than LATE_MAX of its sends late (all
+      # connections busy: the server's backlog holds 64 requests).
+      GOODPUT_MIN = 0.95
+
+      def self.sustained?(runs)
+        runs.all? do |m|
+          scheduled = m["counted"].to_f / m["duration"].to_f
+          on_schedule?(m) && m["goodput_rps"].to_f >= GOODPUT_MIN * scheduled
+        end
+      end
+
+      def fixed_open(server, kase, db_path, counts, rate)
+        counts.map do |t|
+          runs = with_db_server(server, db_path, t, kase: kase) { |proc| aged_open_runs(proc, kase, rate) }
+          p99 = pooled_percentile(runs, 0.99)
+          sustained = self.class.sustained?(runs)
+          goodput = runs.sum { |m| m["goodput_rps"].to_f } / runs.size
+          ctx.log format("advice: %s fixed %d threads open %.1f req/s: p99 %.1f ms (runs %s), goodput %.1f req/s%s", kase.label, t,
+                         rate, p99.to_f, runs.map { |m| m["p99_ms"].to_f.round(1) }.inspect, goodput, sustained ? "" : ", behind")
+          { "threads" => t, "p99_ms" => p99, "p50_ms" => pooled_percentile(runs, 0.5), "runs_p99_ms" => runs.map { |m| m["p99_ms"] },
+            "late" => runs.map { |m| m["late"].to_i }, "errors" => runs.sum { |m| m["errors"].to_i },
+            "goodput_rps" => goodput.round(2), "sustained" => sustained }
+        end
       end
 
       def auto_open(server, kase, db_path, rate)
@@ -518,33 +565,48 @@ module Bench
             nil
           end
           per_run = []
-          runs = aged_open_runs(proc, kase, rate) { per_run << stats.call&.dig("target_threads") }
+          warmed = nil
+          runs = aged_open_runs(proc, kase, rate, after_warmup: -> { warmed = stats.call }) do
+            per_run << stats.call&.dig("target_threads")
+          end
           lines = File.readlines(proc.log_path).grep(/threads: \d+ -> \d+/).map(&:strip)
           a = stats.call
-          ctx.log format("advice: %s auto: p99 runs %s, threads %s; %d changes: %s", kase.label,
-                         runs.map { |m| m["p99_ms"].to_f.round(1) }.inspect, per_run.inspect, lines.size, lines.last(3).join(" | "))
+          moved = a && warmed ? a["changes"].to_i - warmed["changes"].to_i : nil
+          ctx.log format("advice: %s auto: p99 runs %s, threads %s after the warm-up, %s after each run (%s changes in " \
+                         "the runs); %d changes: %s", kase.label, runs.map { |m| m["p99_ms"].to_f.round(1) }.inspect,
+                         warmed&.dig("target_threads").inspect, per_run.inspect, moved.inspect, lines.size,
+                         lines.last(3).join(" | "))
           { "p99_ms" => pooled_percentile(runs, 0.99), "p50_ms" => pooled_percentile(runs, 0.5),
-            "runs_p99_ms" => runs.map { |m| m["p99_ms"] }, "threads" => a&.dig("target_threads"), "threads_per_run" => per_run,
+            "runs_p99_ms" => runs.map { |m| m["p99_ms"] }, "threads" => a&.dig("target_threads"),
+            "threads_after_warmup" => warmed&.dig("target_threads"), "threads_per_run" => per_run,
+            "moved" => moved, "model_threads" => a&.dig("model_threads"), "model_open_threads" => a&.dig("model_open_threads"),
             "reason" => a&.dig("reason"), "log" => lines, "late" => runs.map { |m| m["late"].to_i },
             "errors" => runs.sum { |m| m["errors"].to_i } }
         end
       end
 
-      # On a running server: auto_warmup s of the arrivals (not counted),
-      # then `rounds` runs back to back, run i with arrival seed i; the block
-      # runs after each.
-      def aged_open_runs(proc, kase, rate)
+      # On a running server: auto_warmup s of the arrivals (a run of its own,
+      # not counted, seed 0; after_warmup is called after it), then `rounds`
+      # runs back to back, run i with arrival seed i; the block runs after
+      # each.
+      def aged_open_runs(proc, kase, rate, after_warmup: nil)
+        open_run_on(proc, kase, rate, auto_warmup, 0, latencies: false) if auto_warmup.positive?
+        after_warmup&.call
         Array.new(rounds) do |i|
-          warm = i.zero? ? auto_warmup : 0
-          argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), *kase.open_args(proc.port, strata: OPEN_STRATA),
-                                 "--rate", rate.to_s, "--duration", open_seconds.to_s, "--warmup", warm.to_s,
-                                 "--seed", (i + 1).to_s, "--latencies"])
-          status, out, timed_out = Util.capture(argv, timeout: open_seconds + warm + 60)
-          raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
-
+          out = open_run_on(proc, kase, rate, open_seconds, i + 1)
           yield if block_given?
-          JSON.parse(out.lines.last)
+          out
         end
+      end
+
+      def open_run_on(proc, kase, rate, seconds, seed, latencies: true)
+        argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), *kase.open_args(proc.port, strata: OPEN_STRATA),
+                               "--rate", rate.to_s, "--duration", seconds.to_s, "--warmup", "0",
+                               "--seed", seed.to_s, *("--latencies" if latencies)])
+        status, out, timed_out = Util.capture(argv, timeout: seconds + 60)
+        raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
+
+        JSON.parse(out.lines.last)
       end
 
       def pooled_percentile(runs, p) = Util.percentile(runs.flat_map { |m| m["latencies_ms"] }.sort, p)
@@ -606,15 +668,26 @@ module Bench
           end
           next unless au
 
-          notes << format("%s open loop at %.1f req/s (%.0f %% of best), p99 fixed: %s; auto: %s, changes: %s", label, au["rate"],
-                          au["load"] * 100, au["fixed"].map { |f| format("%d: %.0f ms", f["threads"], f["p99_ms"].to_f) }.join(", "),
-                          au["auto"]["threads_per_run"].inspect, au["auto"]["log"].last(4).join(" | "))
+          if (o = au["overloaded"])
+            notes << format("%s open loop at %.1f req/s: no fixed count kept up (p99 %s; goodput %s req/s)", label, o["rate"],
+                            o["fixed"].map { |f| format("%d: %.0f ms", f["threads"], f["p99_ms"].to_f) }.join(", "),
+                            o["fixed"].map { |f| format("%d: %.1f", f["threads"], f["goodput_rps"].to_f) }.join(", "))
+          end
+          notes << format("%s open loop at %.1f req/s (%s), p99 fixed: %s%s; auto: %s threads after the warm-up, %s after " \
+                          "the run(s)%s, changes: %s", label, au["rate"], au["rate_basis"] || "#{(au['load'] * 100).round} % of best",
+                          au["fixed"].map { |f| format("%d: %.0f ms", f["threads"], f["p99_ms"].to_f) }.join(", "),
+                          au["sustained"] == false ? " (the best fixed count did not keep up: the ratio compares overloads)" : "",
+                          au["auto"]["threads_after_warmup"].inspect, au["auto"]["threads_per_run"].inspect,
+                          au["auto"]["moved"].to_i.positive? ? format(" (%d change(s) in the measured run(s): not settled)", au["auto"]["moved"]) : "",
+                          au["auto"]["log"].last(4).join(" | "))
         end
         notes << "knee = fewest threads with >= 95 % of the sweep's best median req/s (wrk -c = threads); err = predicted / measured - 1; " \
                  "p99 measured open loop (Poisson arrivals, latency from the scheduled send time, #{rounds} run(s) pooled) at the advised threads, " \
                  "#{basis_note}"
         notes << "auto / best: threads :auto's open-loop p99 over the best fixed count's (of the knee, knee + 1 and the advised count), " \
-                 "each server after #{auto_warmup} s of the same arrivals, #{rounds} run(s) of #{open_seconds} s pooled"
+                 "each server after #{auto_warmup} s of the same arrivals (a run of its own before the measured ones), " \
+                 "#{rounds} run(s) of #{open_seconds} s pooled, at a rate the best fixed count keeps up with (else #{(auto_load * 100).round} % of the " \
+                 "open-loop capacity, measured as the fixed counts' goodput behind the schedule)"
         notes << "advice from: #{cases.find { |c| c['advice'] }&.dig('advice', 'source')}; #{DB_CPU_NOTE} (CPU #{ctx.client_cpu}); " \
                  "PostgreSQL pinned there too for the Rails app"
         [rows, notes]
