@@ -69,7 +69,7 @@ class AdviceLogTest < Minitest::Test
     launcher.stats = { auto: auto }
     log = log_for(launcher)
     line = log.check
-    assert_match(/\Aadvice: \d+ process(es)?; threads :auto runs 5 threads \(its model: knee 2, lowest p99 at 3; cpu share 0\.\d+ from 1,500 requests\)\z/,
+    assert_match(/\Aadvice: \d+ process(es)?; threads :auto runs 5 threads \(its model: knee 2, part-load target 3; cpu share 0\.\d+ from 1,500 requests\)\z/,
                  line)
     refute_match(/\d+ threads x/, line, "no second thread count beside auto's")
     auto[:target_threads] = 3

@@ -72,7 +72,7 @@ class AutoTunerTest < Minitest::Test
 
   # Runs `ticks` intervals with Model.call answering from `knees` (one knee
   # per call, the last repeated); returns the ticks at which the model ran.
-  def model_ticks(ticks, knees)
+  def model_ticks(ticks, knees, p99s: nil)
     runs = []
     @rates = []
     calls = 0
@@ -82,9 +82,11 @@ class AutoTunerTest < Minitest::Test
       calls += 1
       runs << @tick
       rps = (1..max).map { |t| t < knee ? 100.0 * t / knee : 100.0 }
-      { rps: rps, stall: Array.new(max, 0.0), requests: 1000, cpu_share: 0.3, rate: rate }
+      p99 = p99s && p99s[(calls - 1) % p99s.size]
+      { rps: rps, stall: Array.new(max, 0.0), p99: p99, requests: 1000, cpu_share: 0.3, rate: rate }
     end
     t = tuner
+    @tuner = t
     t.instance_variable_set(:@sampler, @sampler) if @sampler
     Serval::Auto::Model.stub(:call, model) do
       (1..ticks).each do |i|
@@ -112,6 +114,21 @@ class AutoTunerTest < Minitest::Test
     every = Serval::Auto::Tuner::MODEL_EVERY
     # runs 1-3 the same knee (gaps grow), run 4 a new knee: the gap after it is back to MODEL_EVERY
     assert_equal [every, every * 2, every * 4, every], gaps.first(4), runs.inspect
+  end
+
+  # The lowest predicted p99 wanders over a flat top from run to run (3, 6,
+  # 4): the part-load target (the fewest within 5 % of the lowest, 2, plus
+  # one: 3) does not, so the gap still grows, and /stats shows that target,
+  # the count auto goes to, as model_open_threads.
+  def test_a_wandering_lowest_p99_on_a_flat_top_is_the_same_part_load_target
+    inf = Float::INFINITY
+    flat = [[inf, 0.105, 0.100, 0.102, 0.103, 0.104, 0.104, 0.106],
+            [inf, 0.104, 0.103, 0.102, 0.101, 0.100, 0.103, 0.104],
+            [inf, 0.103, 0.102, 0.100, 0.102, 0.101, 0.103, 0.105]]
+    runs = model_ticks(40, [4], p99s: flat)
+    every = Serval::Auto::Tuner::MODEL_EVERY
+    assert_equal [every, every * 2, every * 4], runs.each_cons(2).map { |a, b| b - a }.first(3), runs.inspect
+    assert_equal 3, @tuner.stats[:model_open_threads]
   end
 
   # Measurements at a given req/s per tick (the sampler's place).

@@ -166,14 +166,14 @@ module Serval
 
       def knee(model) = Controller.knee(model[:rps], @controller.settings[:fraction])
 
-      # The fewest threads whose predicted open-loop p99 is within the
-      # controller's open_gain of the lowest (the count the controller's
-      # part-load target is counted from; the lowest's own count wanders
-      # over the flat part from run to run).
+      # The count the controller goes to at part load with this model: the
+      # fewest threads whose predicted open-loop p99 is within its open_gain
+      # of the lowest, plus its open_margin while as good (not the lowest's
+      # own count: that wanders over the flat part from run to run).
       def open_best(model)
         p99 = model[:p99] or return nil
         s = @controller.settings
-        Controller.open_target(p99, p99.size, s[:open_gain], s[:open_margin])&.first
+        Controller.open_target(p99, [p99.size, @controller.max].min, s[:open_gain], s[:open_margin])&.at(1)
       end
     end
   end
