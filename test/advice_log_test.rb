@@ -72,6 +72,11 @@ class AdviceLogTest < Minitest::Test
     assert_match(/\Aadvice: \d+ process(es)?; threads :auto runs 5 threads \(its model: knee 2, part-load target 3; cpu share 0\.\d+ from 1,500 requests\)\z/,
                  line)
     refute_match(/\d+ threads x/, line, "no second thread count beside auto's")
+    # the counts auto holds at part load, when it has them: its count is among them
+    held = log_for(Launcher.new(AdviceWindows.window(1500, run: 0.014, idle: 0.006)).tap do |l|
+      l.stats = { auto: auto.merge(target_threads: 4, model_open_threads: 4, model_open_range: [3, 5]) }
+    end).check
+    assert_match(/threads :auto runs 4 threads \(its model: knee 2, part-load target 4, held 3-5; cpu share/, held)
     auto[:target_threads] = 3
     assert_nil log.check, "auto's own change is auto's line (threads: 5 -> 3)"
     workers = [{ last_status: { auto: { target_threads: 3, model_threads: 3 } } },

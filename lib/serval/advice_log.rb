@@ -27,7 +27,7 @@ module Serval
   # figures, read from auto's own stats (one decision, one source), and the
   # advice's processes; it is logged when the processes change.
   #
-  #   advice: 2 processes; threads :auto runs 3 threads (its model: knee 3, part-load target 3; cpu share 0.41 from 12,400 requests)
+  #   advice: 2 processes; threads :auto runs 3 threads (its model: knee 3, part-load target 4, held 3-4; cpu share 0.41 from 12,400 requests)
   #
   # No thread waits between checks: the supervising loop (Supervisor#every)
   # starts one ("serval-advice", priority -3) for each check, which ends
@@ -120,7 +120,9 @@ module Serval
       running = autos.map { |a| a[:target_threads] }.uniq.join("/")
       knees = autos.map { |a| a[:model_threads] }.compact.uniq
       open = autos.map { |a| a[:model_open_threads] }.compact.uniq
-      model = [("knee #{knees.join('/')}" if knees.any?), ("part-load target #{open.join('/')}" if open.any?)].compact
+      held = autos.map { |a| a[:model_open_range] }.compact.uniq.map { |lo, hi| lo == hi ? lo.to_s : "#{lo}-#{hi}" }
+      model = [("knee #{knees.join('/')}" if knees.any?),
+               ("part-load target #{open.join('/')}#{", held #{held.join('/')}" if held.any?}" if open.any?)].compact
       format("advice: %d process%s; threads :auto runs %s threads (%scpu share %.2f from %s requests)",
              advice[:processes], advice[:processes] == 1 ? "" : "es", running,
              model.any? ? "its model: #{model.join(', ')}; " : "", advice[:cpu_share].to_f,

@@ -291,6 +291,7 @@ class AutoControllerTest < Minitest::Test
     inf = Float::INFINITY
     curves = [[inf, 0.5, 0.25, 0.25, 0.26, 0.27, 0.29, 0.31], [inf, 0.6, 0.28, 0.25, 0.25, 0.26, 0.28, 0.30]]
     c = Controller.new(min: 1, max: 8, initial: 4)
+    assert_nil c.open_band
     seen = []
     8.times do |i|
       model = { rps: [50, 70, 75, 75, 75, 75, 75, 75], stall: Array.new(8, 0.0), p99: curves[i % 2], rate: 55.0 }
@@ -300,6 +301,7 @@ class AutoControllerTest < Minitest::Test
       end
     end
     assert_equal [4], seen.uniq
+    assert_equal [3, 5], c.open_band, "the latest two models' fewest within 5 % (3, 4), to one past the highest"
     # from 6 it comes down to the latest model's target (4: 5 is within 5 % of 4's 250 ms)
     d = Controller.new(min: 1, max: 8, initial: 6)
     model = { rps: [50, 70, 75, 75, 75, 75, 75, 75], stall: Array.new(8, 0.0), p99: curves[1], rate: 55.0 }

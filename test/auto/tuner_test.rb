@@ -129,6 +129,7 @@ class AutoTunerTest < Minitest::Test
     every = Serval::Auto::Tuner::MODEL_EVERY
     assert_equal [every, every * 2, every * 4], runs.each_cons(2).map { |a, b| b - a }.first(3), runs.inspect
     assert_equal 3, @tuner.stats[:model_open_threads]
+    assert_nil @tuner.stats[:model_open_range], "no part-load decision yet (no requests measured)"
   end
 
   # Measurements at a given req/s per tick (the sampler's place).

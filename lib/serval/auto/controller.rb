@@ -172,6 +172,17 @@ module Serval
         @open_los = []   # ... and the fewest threads within open_gain of its lowest p99, latest models last
       end
 
+      # [fewest, most] threads held at part load (from the latest models'
+      # fewest within open_gain of the lowest p99, to open_margin past the
+      # highest of them; within min..max); nil before a model with p99 at
+      # part load.
+      def open_band
+        return nil if @open_los.empty?
+
+        low, high = @open_los.minmax
+        [low.clamp(@min, @max), (high + @s[:open_margin]).clamp(@min, @max)]
+      end
+
       # m: a Measurement; model: nil or {rps: [..], stall: [..], p99: [..] or nil} for 1..N
       # threads (p99: open-loop latency at the arrival rate the model was run at).
       def observe(m, model: nil)

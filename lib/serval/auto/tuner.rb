@@ -81,6 +81,7 @@ module Serval
             reason: @controller.reason, change_reason: @controller.change_reason, changed_at: @changed_at&.utc&.iso8601(3), changes: @changes,
             interval: @interval, model_threads: @model && knee(@model), model_at: @model_at&.utc&.iso8601(3),
             model_every: @model_gap, model_runs: @model_runs, model_open_threads: @model && open_best(@model),
+            model_open_range: @controller.open_band,
             model_rate: @model && @model[:rate]&.round(2), model_p99_rate: @model && @model[:p99_rate]&.round(2) }
         end
       end
