@@ -309,6 +309,28 @@ class AutoControllerTest < Minitest::Test
     assert_equal 5, d.target
   end
 
+  # Arrivals near what the model says the count serves (saturation: the
+  # closed-loop rules) with the count past the knee and stalling: down, but
+  # not below the fewest threads the part-load rule holds at the same
+  # arrivals; there the next interval at part load holds (70 % CPU in
+  # session 22: 5 -> 3 by the down rule, then 3 -> 5 by the part-load rule
+  # in the measured run).
+  def test_the_down_rule_near_saturation_stops_where_the_part_load_rule_holds
+    inf = Float::INFINITY
+    model = { rps: [40, 50, 55, 55.1, 55.2, 55.2, 55.2, 55.2], stall: Array.new(8, 0.0),
+              p99: [inf, inf, 0.64, 0.53, 0.52, 0.519, 0.53, 0.54], rate: 50.0 }
+    c = controller(initial: 5, cooldown: 0, margin: 0)
+    2.times { c.observe(m(threads: 5, rps: 50, queue: 0.2, stall: 0.03, wall: 0.08, gvl: 0.99), model: model) }
+    assert_equal 4, c.target, c.reason
+    assert_match(/as many as 5 \(55\) with less stall; to 4: the fewest whose p99 at these arrivals is within 5 % of the lowest/,
+                 c.change_reason)
+    3.times { refute c.observe(m(threads: 4, rps: 44, queue: 0.2, stall: 0.02, wall: 0.08, gvl: 0.9), model: model).changed }
+    # without open-loop figures the knee, as before
+    plain = controller(initial: 5, cooldown: 0, margin: 0)
+    2.times { plain.observe(m(threads: 5, rps: 50, queue: 0.2, stall: 0.03, wall: 0.08, gvl: 0.99), model: model.merge(p99: nil)) }
+    assert_equal 3, plain.target
+  end
+
   # At part load two intervals' mean latencies differ by more than a thread
   # changes them: the measured-down rule (as many req/s, more stall, no
   # shorter latency) does not apply there; the predicted p99 decides. The

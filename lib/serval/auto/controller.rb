@@ -65,7 +65,8 @@ module Serval
     #   requests stall (mean > `stall_share` of wall), unless this process
     #   measured that the count gained over one fewer (more req/s or a
     #   shorter latency, by more than `down_gain`): measurement beats the
-    #   model;
+    #   model; and with open-loop figures never below the fewest threads
+    #   the part-load rule holds at the same arrivals (#open_floor);
     # - at part load (arrivals below `open_load` of what the model says the
     #   count serves), with a model that predicts
     #   open-loop p99 at the measured arrival rate: toward the fewest threads
@@ -268,9 +269,13 @@ module Serval
           return [:up, want, format("requests queue; the model gives %d threads %.0f req/s (+%d %%, knee %d)",
                                     want, rps[want - 1], (gain * 100).round, knee)]
         end
-        if n >= want + @s[:slack] && stalling?(m) && !measured_gain?(n)
-          return [:down, want, format("the model gives %d threads %.0f req/s, as many as %d (%.0f) with less stall",
-                                      want, rps[want - 1], n, here)]
+        floor = open_floor(model, cap)
+        down = [want, floor.to_i].max
+        if n >= want + @s[:slack] && n > down && stalling?(m) && !measured_gain?(n)
+          return [:down, down, format("the model gives %d threads %.0f req/s, as many as %d (%.0f) with less stall%s",
+                                      want, rps[want - 1], n, here,
+                                      down > want ? format("; to %d: the fewest whose p99 at these arrivals is within " \
+                                                           "%d %% of the lowest", down, (@s[:open_gain] * 100).round) : "")]
         end
         if queued && probe?(m, n, cap)
           return [:up, n + 1, format("requests queue while the GVL is free %d %% of the time: one more thread to " \
@@ -308,6 +313,18 @@ module Serval
         [target > n ? :up : :down, target,
          format("%s: the model's p99 is %s at %d threads, %s at %d (best %d: %s; within %d %% from %d threads on)",
                 load, ms(p99[target - 1]), target, ms(now), n, best, ms(p99[best - 1]), (@s[:open_gain] * 100).round, lo)]
+      end
+
+      # Near saturation the closed-loop rules decide, but not to fewer threads
+      # than the part-load rule would hold at the same arrivals (the fewest
+      # whose predicted open-loop p99 is within open_gain of the lowest): a
+      # count the down rule chose below it made the next interval part load
+      # and the part-load rule took it back up (70 % CPU, 5 -> 3 -> 5 in
+      # one run, bench/NOTES.md "Auto's part-load target"). nil without
+      # open-loop figures.
+      def open_floor(model, cap)
+        p99 = model[:p99] or return nil
+        Controller.open_target(p99, [cap, p99.size].min, @s[:open_gain], @s[:open_margin])&.first
       end
 
       # The fewest-within-gain counts of the latest `open_memory` models
