@@ -4,6 +4,9 @@ require "json"
 require "test_helper"
 require "serval/auto/model"
 require "serval/auto/model_process"
+require "fileutils"
+require "socket"
+require "tmpdir"
 
 # The model's child process: the same answer as in this process, at nice
 # 19 and (Linux) SCHED_IDLE, restarted after it dies, gone after #stop.
@@ -93,5 +96,127 @@ class AutoModelProcessTest < Minitest::Test
     @process.stop
     assert_nil @process.pid
     assert_raises(Errno::ESRCH, Errno::ECHILD) { Process.kill(0, pid) && Process.wait(pid) }
+  end
+
+  # #submit: the same answer without waiting, the frame in a file of its
+  # own (0600) that is gone once answered.
+  def test_a_submitted_request_gives_the_same_answer_without_waiting
+    options = { max: 4 }
+    want = Serval::Auto::Model.call(@window, **options)
+    files = -> { Dir[File.join(Dir.tmpdir, "serval-model-#{Process.pid}-*")] }
+    request = @process.submit(:model, @window, **options)
+    file = files.call.first
+    refute_nil file, "the frame is in a file"
+    assert_equal 0o600, File.stat(file).mode & 0o777
+    assert_nil @process.submit(:model, @window, **options), "busy: nil at once"
+    assert_equal want, answer_of(request)
+    assert request.done?
+    assert_empty files.call, "removed once answered"
+    refute_nil @process.submit(:model, @window, **options), "the next one"
+  end
+
+  # A blocking call from another thread waits for the submitted request
+  # (one child, one turn at a time).
+  def test_a_blocking_call_waits_for_a_submitted_request
+    gate = Gate.new
+    process = Serval::Auto::ModelProcess.new(timeout: 60, child: GATED)
+    request = process.submit(:model, @window.merge(gate: gate.path), max: 4)
+    child = gate.accept
+    caller = Thread.new { process.call(@window, max: 4) }
+    assert_nil caller.join(0.2), "waits its turn"
+    gate.release(child)
+    refute_nil answer_of(request)
+    assert_equal Serval::Auto::Model.call(@window, max: 4), caller.join(60).value
+  ensure
+    process&.stop
+    gate&.close
+  end
+
+  # A child that does not answer: past the deadline, #poll raises the
+  # timeout and stops the child; the next request starts another.
+  def test_a_hung_request_times_out_and_the_next_one_works
+    gate = Gate.new
+    process = Serval::Auto::ModelProcess.new(timeout: 60, child: GATED)
+    request = process.submit(:model, @window.merge(gate: gate.path), max: 4)
+    hung = Integer(gate.accept.gets)
+    assert_equal process.pid, hung
+    assert_equal Serval::Auto::ModelProcess::Request::PENDING, request.poll
+    assert_raises(Serval::ModelProcessTimeout) { request.poll(request.deadline) }
+    assert_nil process.pid, "the child that did not answer is gone"
+    assert request.io.closed?
+    assert_raises(Errno::ESRCH) { Process.kill(0, hung) }
+    assert_raises(Serval::ModelProcessError) { request.poll }
+    again = process.submit(:model, @window, max: 4)
+    assert_equal Serval::Auto::Model.call(@window, max: 4), answer_of(again)
+  ensure
+    process&.stop
+    gate&.close
+  end
+
+  # #stop ends a submitted request at once: its IO closed, its poll raises.
+  def test_stop_ends_a_submitted_request
+    gate = Gate.new
+    process = Serval::Auto::ModelProcess.new(timeout: 60, child: GATED)
+    request = process.submit(:model, @window.merge(gate: gate.path), max: 4)
+    pid = Integer(gate.accept.gets)
+    process.stop
+    assert request.io.closed?
+    assert request.done?
+    assert_raises(Serval::ModelProcessError) { request.poll }
+    assert_raises(Errno::ESRCH, Errno::ECHILD) { Process.kill(0, pid) && Process.wait(pid) }
+  ensure
+    gate&.close
+  end
+
+  def test_a_failing_submitted_request_raises_and_the_child_goes_on
+    request = @process.submit(:model, { requests: "many" }, max: 4)
+    error = assert_raises(Serval::ModelProcessError) { answer_of(request) }
+    assert_match(/ArgumentError/, error.message)
+    assert_equal Serval::Auto::Model.call(@window, max: 4), answer_of(@process.submit(:model, @window, max: 4))
+  end
+
+  GATED = File.expand_path("../support/gated_model_child.rb", __dir__)
+
+  # Where test/support/gated_model_child.rb waits: a UNIX socket.
+  class Gate
+    attr_reader :path
+
+    def initialize
+      @dir = Dir.mktmpdir("serval-gate-")
+      @path = File.join(@dir, "gate")
+      @server = UNIXServer.new(@path)
+    end
+
+    # The next child that waits (its socket; it wrote its pid).
+    def accept(timeout: 60)
+      raise "no child came to the gate in #{timeout} s" unless @server.wait_readable(timeout)
+
+      @server.accept
+    end
+
+    def release(socket)
+      socket.write("go\n")
+      socket.close
+    end
+
+    def close
+      @server.close
+      FileUtils.rm_rf(@dir)
+    end
+  end
+
+  private
+
+  # Waits (bounded) for the request's IO, as the supervising loop does.
+  def answer_of(request, timeout: 60)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
+    loop do
+      answer = request.poll
+      return answer unless answer.equal?(Serval::Auto::ModelProcess::Request::PENDING)
+
+      left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      flunk "no answer in #{timeout} s" if left <= 0
+      request.io.wait_readable(left)
+    end
   end
 end

@@ -6,6 +6,8 @@
 # then the data) on stdin, answers each with Auto::Model.call's result
 # (kind :model) or Serval::Advice.recommend's (kind :advice), or
 # {error: message}, in the same framing on stdout; exits at EOF.
+# A frame [:file, path] (ModelProcess#submit) stands for the frame held in
+# that file, which the parent wrote and removes.
 require "serval/auto/model"
 require "serval/advice"
 
@@ -58,6 +60,7 @@ loop do
 
   answer = begin
     kind, window, options = Marshal.load(data) # rubocop:disable Security/MarshalLoad -- from the parent that started us
+    kind, window, options = Marshal.load(File.binread(window)) if kind == :file # rubocop:disable Security/MarshalLoad
     KINDS.fetch(kind) { raise ArgumentError, "unknown kind #{kind.inspect}" }.call(window, options)
   rescue StandardError => e
     { error: "#{e.class}: #{e.message}" }
