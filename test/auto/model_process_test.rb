@@ -4,9 +4,7 @@ require "json"
 require "test_helper"
 require "serval/auto/model"
 require "serval/auto/model_process"
-require "fileutils"
-require "socket"
-require "tmpdir"
+require "support/model_gate"
 
 # The model's child process: the same answer as in this process, at nice
 # 19 and (Linux) SCHED_IDLE, restarted after it dies, gone after #stop.
@@ -118,10 +116,10 @@ class AutoModelProcessTest < Minitest::Test
   # A blocking call from another thread waits for the submitted request
   # (one child, one turn at a time).
   def test_a_blocking_call_waits_for_a_submitted_request
-    gate = Gate.new
-    process = Serval::Auto::ModelProcess.new(timeout: 60, child: GATED)
+    gate = ModelGate.new
+    process = Serval::Auto::ModelProcess.new(timeout: 60, child: ModelGate::CHILD)
     request = process.submit(:model, @window.merge(gate: gate.path), max: 4)
-    child = gate.accept
+    child, = gate.accept
     caller = Thread.new { process.call(@window, max: 4) }
     assert_nil caller.join(0.2), "waits its turn"
     gate.release(child)
@@ -135,10 +133,10 @@ class AutoModelProcessTest < Minitest::Test
   # A child that does not answer: past the deadline, #poll raises the
   # timeout and stops the child; the next request starts another.
   def test_a_hung_request_times_out_and_the_next_one_works
-    gate = Gate.new
-    process = Serval::Auto::ModelProcess.new(timeout: 60, child: GATED)
+    gate = ModelGate.new
+    process = Serval::Auto::ModelProcess.new(timeout: 60, child: ModelGate::CHILD)
     request = process.submit(:model, @window.merge(gate: gate.path), max: 4)
-    hung = Integer(gate.accept.gets)
+    _, hung = gate.accept
     assert_equal process.pid, hung
     assert_equal Serval::Auto::ModelProcess::Request::PENDING, request.poll
     assert_raises(Serval::ModelProcessTimeout) { request.poll(request.deadline) }
@@ -155,10 +153,10 @@ class AutoModelProcessTest < Minitest::Test
 
   # #stop ends a submitted request at once: its IO closed, its poll raises.
   def test_stop_ends_a_submitted_request
-    gate = Gate.new
-    process = Serval::Auto::ModelProcess.new(timeout: 60, child: GATED)
+    gate = ModelGate.new
+    process = Serval::Auto::ModelProcess.new(timeout: 60, child: ModelGate::CHILD)
     request = process.submit(:model, @window.merge(gate: gate.path), max: 4)
-    pid = Integer(gate.accept.gets)
+    _, pid = gate.accept
     process.stop
     assert request.io.closed?
     assert request.done?
@@ -173,36 +171,6 @@ class AutoModelProcessTest < Minitest::Test
     error = assert_raises(Serval::ModelProcessError) { answer_of(request) }
     assert_match(/ArgumentError/, error.message)
     assert_equal Serval::Auto::Model.call(@window, max: 4), answer_of(@process.submit(:model, @window, max: 4))
-  end
-
-  GATED = File.expand_path("../support/gated_model_child.rb", __dir__)
-
-  # Where test/support/gated_model_child.rb waits: a UNIX socket.
-  class Gate
-    attr_reader :path
-
-    def initialize
-      @dir = Dir.mktmpdir("serval-gate-")
-      @path = File.join(@dir, "gate")
-      @server = UNIXServer.new(@path)
-    end
-
-    # The next child that waits (its socket; it wrote its pid).
-    def accept(timeout: 60)
-      raise "no child came to the gate in #{timeout} s" unless @server.wait_readable(timeout)
-
-      @server.accept
-    end
-
-    def release(socket)
-      socket.write("go\n")
-      socket.close
-    end
-
-    def close
-      @server.close
-      FileUtils.rm_rf(@dir)
-    end
   end
 
   private
