@@ -11,10 +11,16 @@ class ModelGate
 
   attr_reader :path
 
-  def initialize
+  # open: false leaves it closed (a child passes at once) until #open.
+  def initialize(open: true)
     @dir = Dir.mktmpdir("serval-gate-")
     @path = File.join(@dir, "gate")
+    self.open if open
+  end
+
+  def open
     @server = UNIXServer.new(@path)
+    self
   end
 
   # The next child that waits: [its socket, its pid].
@@ -33,7 +39,7 @@ class ModelGate
   end
 
   def close
-    @server.close
+    @server&.close
     FileUtils.rm_rf(@dir)
   end
 end
