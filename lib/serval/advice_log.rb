@@ -95,6 +95,15 @@ module Serval
     # if it is late, then a new one handed to the child, unless one runs.
     # Returns the Request, or nil.
     def tick(now = Process.clock_gettime(Process::CLOCK_MONOTONIC))
+      thread = Thread.current
+      priority = thread.priority
+      thread.priority = PRIORITY # as the thread that ran the check did: shorter slices beside request threads
+      submit_check(now)
+    ensure
+      thread.priority = priority
+    end
+
+    private def submit_check(now)
       if @request
         return nil if now < @request.deadline
 
@@ -102,11 +111,8 @@ module Serval
         return nil if @request
       end
       window = @launcher.window or return nil
-      require "serval/advice/local"
-      require "serval/advice/machine"
-      machine = Advice::Machine.new
-      facts = machine.to_h.merge(Advice::Local.worker(machine, @launcher.stats))
-      request = @runner.submit(:advice, window, machine: facts, load_points: [], precision: false, **@settings)
+      # the machine's facts and the server's memory: read in the child
+      request = @runner.submit(:local_advice, window, pids: [Process.pid], load_points: [], precision: false, **@settings)
       return nil unless request # busy with another call
 
       @request = request

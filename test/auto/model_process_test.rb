@@ -173,6 +173,43 @@ class AutoModelProcessTest < Minitest::Test
     assert_equal Serval::Auto::Model.call(@window, max: 4), answer_of(@process.submit(:model, @window, max: 4))
   end
 
+  # The samples go to the child packed by column (SampleTable): the same
+  # window comes back, whatever its rows hold.
+  def test_the_sample_table_gives_back_the_window
+    rows = [{ run: 0.1, idle: 0.2, shape: [0.05, 0.2, 0.05], route: "GET /a" },
+            { run: 0.3, idle: -0.0, lock: 0.01, shape: [], route: "GET /b" },
+            { idle: Float::INFINITY, run: 0.5, shape: [0.5], route: "GET /a", odd: nil },
+            { run: 1, idle: 0.0, extra: { deep: [1, "x"] } }]
+    window = { requests: 4, samples: rows, route_samples: [{ route: "GET /a", run: 0.1 }], other: [1, 2] }
+    packed = Serval::Auto::SampleTable.pack(window)
+    assert_kind_of Serval::Auto::SampleTable::Table, packed[:samples]
+    assert_equal rows, window[:samples], "the window is not changed"
+    back = Serval::Auto::SampleTable.unpack(Marshal.load(Marshal.dump(packed))) # rubocop:disable Security/MarshalLoad
+    assert_equal window, back
+    assert_equal rows.map { |r| r.keys.sort }, back[:samples].map { |r| r.keys.sort }, "missing keys still missing"
+    kinds = packed[:samples].columns.to_h { |c| [c.key, c.kind] }
+    assert_equal({ run: :any, idle: :float, shape: :floats, route: :strings, lock: :float, odd: :any, extra: :any }, kinds)
+    nan = Serval::Auto::SampleTable.unpack(Serval::Auto::SampleTable.pack({ samples: [{ run: Float::NAN }] }))
+    assert nan[:samples].first[:run].nan?
+    assert_equal({ samples: [] }, Serval::Auto::SampleTable.pack({ samples: [] }))
+    assert_equal "not a window", Serval::Auto::SampleTable.pack("not a window")
+  end
+
+  # The advice log's kind: the machine's facts and the server's memory read
+  # in the child, the answer the one Advice::Local gives here.
+  def test_local_advice_reads_the_facts_in_the_child
+    require "serval/advice/local"
+    options = { sim_requests: 2000, load_requests: 2000, load_points: [], precision: false }
+    request = @process.submit(:local_advice, @window, pids: [Process.pid], **options)
+    got = answer_of(request)
+    want = Serval::Advice::Local.recommend(@window, **options)
+    stable = %i[cpus cpu_source memory_source worker_source] # memory and PSS move meanwhile
+    assert_equal want[:machine].slice(*stable), got[:machine].slice(*stable)
+    assert_equal "PSS of pid #{Process.pid}", got[:machine][:worker_source], "this process's memory, not the child's"
+    assert_equal want.values_at(:threads, :processes), got.values_at(:threads, :processes)
+    assert_raises(ArgumentError) { @process.submit(:nothing, @window) }
+  end
+
   private
 
   # Waits (bounded) for the request's IO, as the supervising loop does.

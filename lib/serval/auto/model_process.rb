@@ -4,6 +4,7 @@ require "monitor"
 require "rbconfig"
 require "tmpdir"
 require "serval/errors"
+require "serval/auto/sample_table"
 
 module Serval
   module Auto
@@ -25,7 +26,8 @@ module Serval
     # The child (lib/serval/auto/model_child.rb, a plain `ruby` started with
     # Process.spawn, not a fork of the server: it loads only the model, none
     # of the app) reads length-prefixed Marshal frames [kind, window, options]
-    # on stdin and answers each with a frame holding the result or nil; it
+    # on stdin (the window's samples packed by column: SampleTable, a third of
+    # Marshal's time) and answers each with a frame holding the result or nil; it
     # exits at EOF, so it ends with the process that started it. Any failure
     # raises ModelProcessError and stops the child; the next call starts a
     # new one. Calls from several threads take turns (one child, one pipe).
@@ -128,11 +130,19 @@ module Serval
       # given in options[:machine]: the child reads none of its own).
       def advice(window, **options) = ask(:advice, window, options)
 
+      # Kinds of request: :model (#call), :advice (#advice), :local_advice
+      # (Serval::Advice::Local.recommend(window, **options) in the child:
+      # the machine's facts read there, the same machine and cgroup, and the
+      # workers' memory from options[:pids], the serving processes' pids;
+      # what the advice log submits, so the loop reads none of them).
+      KINDS = %i[model advice local_advice].freeze
+
       # Starts Serval::Advice.recommend(window, **options) (kind :advice) or
       # the model (kind :model) in the child without waiting for it: a
       # Request, or nil when the child is busy with another call. Raises
       # ModelProcessError when the child cannot start or take the request.
       def submit(kind, window, **options)
+        raise ArgumentError, "unknown kind #{kind.inspect}" unless KINDS.include?(kind)
         return nil unless @lock.try_enter
 
         begin
@@ -140,7 +150,7 @@ module Serval
 
           begin
             start unless @pid
-            path = write_file(Marshal.dump([kind, window, options]))
+            path = write_file(Marshal.dump([kind, SampleTable.pack(window), options]))
             frame = Marshal.dump([:file, path])
             data = [frame.bytesize].pack("N") + frame
             # an idle child has read every frame: the pipe is empty and takes these few bytes at once
@@ -180,7 +190,7 @@ module Serval
         @lock.synchronize do
           @turn.wait_while { @request } # a submitted request holds the child
           start unless @pid
-          write_frame(Marshal.dump([kind, window, options]))
+          write_frame(Marshal.dump([kind, SampleTable.pack(window), options]))
           answer = Marshal.load(read_frame) # rubocop:disable Security/MarshalLoad -- our own child's answer
           raise ModelProcessError, answer[:error] if answer.is_a?(Hash) && answer[:error]
 
