@@ -4,11 +4,15 @@ require_relative "test_helper"
 require "support/advice_windows"
 require "serval/advice_log"
 require "serval/launcher"
+require "serval/supervisor"
+require "serval/auto/model_process"
+require "support/model_gate"
 require "stringio"
 
 # The advice log line: logged when advice first becomes available and when
-# the decision changes, not on every check; computed on a thread of its own
-# that exists only while a check runs.
+# the decision changes, not on every check; in single mode the supervising
+# loop hands each check to the model child and logs the answer when it
+# comes, with no thread of its own.
 class AdviceLogTest < Minitest::Test
   # Collects log lines.
   class Lines
@@ -136,6 +140,121 @@ class AdviceLogTest < Minitest::Test
     refute Serval::AdviceLog.wanted?(without.new({ advice_log_interval: 60.0 }))
   end
 
+  # Stands in for the supervising loop (Supervisor#every and #watch): #turn
+  # waits (bounded) for a watched IO and runs its block.
+  class Loop < Launcher
+    attr_reader :jobs, :watches
+
+    def initialize(window)
+      super
+      @jobs = []
+      @watches = []
+    end
+
+    def options = { workers: 0 }
+    def every(interval, &block) = Serval::Supervisor::Job.new(interval, block).tap { |j| @jobs << j }
+    def watch(io, &block) = Serval::Supervisor::Watch.new(io, block).tap { |w| @watches << w }
+
+    def live = @watches.reject { |w| w.stopped || w.io.closed? }
+
+    def turn(timeout: 60)
+      ready, = IO.select(live.map(&:io), nil, nil, timeout)
+      raise "nothing readable in #{timeout} s" unless ready
+
+      live.each { |w| w.block.call if ready.include?(w.io) }
+    end
+
+    # Turns until nothing is watched (the check ended).
+    def finish(timeout: 60) = (turn(timeout: timeout) until live.empty?)
+  end
+
+  # Single mode: the loop's tick hands the window to the child and watches
+  # its answer; the line is the one #check gives.
+  def test_on_the_loop_a_check_is_submitted_and_its_answer_logged
+    loop = Loop.new(AdviceWindows.window(1500))
+    want = log_for(Launcher.new(loop.window)).check
+    @log.queue.clear
+    log = log_for(loop, interval: 1.0).start
+    assert_equal 1, loop.jobs.size, "one job: the tick"
+    assert_empty loop.watches, "nothing watched between checks"
+    loop.jobs.first.block.call
+    assert_equal 1, loop.live.size, "the child's answer watched"
+    refute(Thread.list.any? { |t| t.name == "serval-advice" }, "no thread")
+    loop.finish
+    assert_equal [:info, want], @log.queue.pop
+    loop.jobs.first.block.call # the next check: the same decision, no line
+    loop.finish
+    assert @log.queue.empty?
+  ensure
+    log&.stop
+  end
+
+  # The child does not answer: the tick after its deadline gives it up
+  # (logged once however often it happens), and starts the next check, which
+  # works; a tick before the deadline leaves the check running.
+  def test_a_hung_child_times_out_is_logged_once_and_the_next_check_works
+    gate = ModelGate.new
+    loop = Loop.new(AdviceWindows.window(1500).merge(gate: gate.path))
+    runner = Serval::Auto::ModelProcess.new(timeout: 60, child: ModelGate::CHILD)
+    log = Serval::AdviceLog.new(loop, interval: 1.0, log_writer: @log, runner: runner).start
+    first = log.tick
+    _, hung = gate.accept
+    assert_nil log.tick(first.deadline - 1), "not late: this tick is skipped"
+    second = log.tick(first.deadline)
+    kind, line = @log.queue.pop
+    assert_equal :error, kind
+    assert_equal "serval: advice failed (Serval::ModelProcessTimeout: model process: no answer in 60 s)", line
+    assert_raises(Errno::ESRCH) { Process.kill(0, hung) }
+    refute_nil second, "the next check started"
+    gate.accept
+    loop.window = AdviceWindows.window(1500) # no gate: the child after this one answers at once
+    third = log.tick(second.deadline)
+    refute_nil third
+    loop.finish
+    kind, line = @log.queue.pop
+    assert_equal :info, kind, "the same timeout is not logged again"
+    assert_match(/\Aadvice: \d+ threads/, line)
+    assert @log.queue.empty?
+  ensure
+    log&.stop
+    gate&.close
+  end
+
+  # A child that fails: logged, not computed in the loop's process instead
+  # (it would hold the loop); the next check starts a new child.
+  def test_a_failing_child_on_the_loop_is_logged
+    loop = Loop.new({ requests: 1500, samples: [{ nothing: 1 }] * 1500 })
+    log = log_for(loop, interval: 1.0).start
+    log.tick
+    loop.finish
+    kind, line = @log.queue.pop
+    assert_equal :error, kind
+    assert_match(/\Aserval: advice failed \(Serval::ModelProcessError: ArgumentError: a sample needs run and idle/, line)
+    loop.window = AdviceWindows.window(1500)
+    log.tick
+    loop.finish
+    assert_equal :info, @log.queue.pop.first
+  ensure
+    log&.stop
+  end
+
+  # #stop during a check: the child killed at once, nothing left watched.
+  def test_stop_ends_a_check_in_flight
+    gate = ModelGate.new
+    loop = Loop.new(AdviceWindows.window(1500).merge(gate: gate.path))
+    runner = Serval::Auto::ModelProcess.new(timeout: 60, child: ModelGate::CHILD)
+    log = Serval::AdviceLog.new(loop, interval: 1.0, log_writer: @log, runner: runner).start
+    request = log.tick
+    _, pid = gate.accept
+    log.stop
+    assert_empty loop.live, "the loop watches nothing"
+    assert request.io.closed?
+    assert_raises(Errno::ESRCH) { Process.kill(0, pid) }
+    assert @log.queue.empty?
+  ensure
+    gate&.close
+  end
+
   # An IO that hands every write to a queue.
   class QueueIO < StringIO
     def initialize(queue)
@@ -149,16 +268,19 @@ class AdviceLogTest < Minitest::Test
     end
   end
 
+  def launcher_with(lines, interval)
+    options = Serval::Configuration.finish(Serval::Configuration::DEFAULTS.merge(binds: ["tcp://127.0.0.1:0"],
+                                                                                  advice_log_interval: interval))
+    Serval::Launcher.new(options, log_writer: Serval::LogWriter.new(stdout: QueueIO.new(lines), stderr: QueueIO.new(lines)),
+                                  app: ->(_env) { [200, {}, ["hi"]] }, signals: false)
+  end
+
   # Wired into Launcher#run: a launcher that has a window logs the line
-  # after boot and stops the logger with itself. The supervising loop
-  # starts each check on a thread that ends with it: between checks no
-  # advice thread waits.
+  # after boot and stops the logger with itself. In single mode the
+  # supervising loop reads the window itself: no advice thread, ever.
   def test_launcher_starts_and_stops_it
     lines = Queue.new
-    options = Serval::Configuration.finish(Serval::Configuration::DEFAULTS.merge(binds: ["tcp://127.0.0.1:0"],
-                                                                                  advice_log_interval: 1.0))
-    launcher = Serval::Launcher.new(options, log_writer: Serval::LogWriter.new(stdout: QueueIO.new(lines), stderr: QueueIO.new(lines)),
-                                             app: ->(_env) { [200, {}, ["hi"]] }, signals: false)
+    launcher = launcher_with(lines, 1.0)
     window = AdviceWindows.window(1200)
     checks = Queue.new
     launcher.define_singleton_method(:window) do
@@ -167,19 +289,44 @@ class AdviceLogTest < Minitest::Test
     end
     thread = Thread.new { launcher.run }
     assert launcher.wait_until_booted(10)
-    refute(Thread.list.any? { |t| t.name == "serval-advice" }, "no advice thread before the first check")
     line = nil
     line = lines.pop until line&.start_with?("advice: ")
     assert_match(/\Aadvice: \d+ threads(?: \(\d+-\d+\))? x \d+ processes \(cpu share 0\.\d\d from 1,200 requests; running 3 threads/, line)
-    first = checks.pop
-    assert_equal "serval-advice", first.name
-    refute_equal thread, first, "not on the loop's thread"
-    assert first.join(10), "the check's thread ends with the check"
-    second = checks.pop # the next interval: a new thread
-    refute_same first, second
-    assert_equal "serval-advice", second.name
+    assert_same thread, checks.pop, "on the loop's thread"
+    assert_same thread, checks.pop, "the next interval: the loop again"
+    refute(Thread.list.any? { |t| t.name == "serval-advice" }, "no advice thread")
     launcher.stop
     assert_equal 0, thread.value
-    refute(Thread.list.any? { |t| t.name == "serval-advice" && t.alive? }, "stopped with the launcher")
+  end
+
+  # The child takes its time (held at the gate): the loop serves commands
+  # meanwhile, and a stop is prompt, the check given up.
+  def test_the_loop_serves_commands_while_the_child_is_slow
+    gate = ModelGate.new
+    lines = Queue.new
+    launcher = launcher_with(lines, 0.0) # the log below, with a child held at the gate
+    window = AdviceWindows.window(1200).merge(gate: gate.path)
+    launcher.define_singleton_method(:window) { window }
+    runner = Serval::Auto::ModelProcess.new(timeout: 60, child: ModelGate::CHILD)
+    log = Serval::AdviceLog.new(launcher, interval: 1.0, log_writer: launcher.log_writer, runner: runner).start
+    thread = Thread.new { launcher.run }
+    child, = gate.accept # a check in flight
+    launcher.enqueue(:dump_threads)
+    dump = nil
+    dump = lines.pop until dump&.match?(/\Aserval\[\d+\] thread /)
+    refute(Thread.list.any? { |t| t.name == "serval-advice" }, "no advice thread")
+    gate.release(child)
+    line = nil
+    line = lines.pop until line&.start_with?("advice: ")
+    _, pid = gate.accept # the next check, held
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    launcher.stop
+    assert_equal 0, thread.join(10)&.value, "stopped while the child is held"
+    log.stop
+    assert_operator Process.clock_gettime(Process::CLOCK_MONOTONIC) - started, :<, 5
+    assert_raises(Errno::ESRCH) { Process.kill(0, pid) }
+  ensure
+    log&.stop
+    gate&.close
   end
 end

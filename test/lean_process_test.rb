@@ -3,6 +3,7 @@
 require_relative "test_helper"
 require_relative "support/subprocess_server"
 require_relative "support/http_wire"
+require_relative "support/model_gate"
 require "json"
 require "serval/launcher"
 
@@ -38,7 +39,8 @@ class LeanProcessTest < Minitest::Test
                symbolize_names: true)
   end
 
-  def assert_lean(seen)
+  # children: the pids of the child processes it may have.
+  def assert_lean(seen, children: [])
     others = seen[:ruby].reject { |name| name.nil? || name.match?(RUBY_THREAD) }
     assert_empty others, "Ruby threads beyond main and the request threads: #{seen.inspect}"
     assert_equal 1, seen[:ruby].count(&:nil?), seen.inspect # the main thread
@@ -50,7 +52,7 @@ class LeanProcessTest < Minitest::Test
     assert_equal (RUBY_VERSION >= "3.2" ? 1 : 0), named.count("serval-cpu"), seen.inspect
     fair = Serval::Configuration::DEFAULTS[:fair_timeslice].to_f.positive? ? 1 : 0 # fair_timeslice's default
     assert_equal fair, named.count("serval-fair"), seen.inspect
-    assert_empty seen[:children], "child processes: #{seen.inspect}"
+    assert_equal children.map(&:to_s), seen[:children], "child processes: #{seen.inspect}"
   end
 
   def test_a_default_single_mode_process
@@ -66,6 +68,55 @@ class LeanProcessTest < Minitest::Test
     seen = threads_of(server)
     refute_equal server.pid, seen[:pid], "a worker answered"
     assert_lean(seen)
+  end
+
+  # The advice log (advice_log_interval, on by default; 1 s here) checks
+  # from the supervising loop: while a check is in flight in its model child
+  # (held at a gate by test/support/gated_model_child.rb) there is no
+  # advice thread, the loop serves a command (a thread dump), and a stop is
+  # prompt, the child ended with the process.
+  ADVICE_CONFIG = <<~'RUBY'
+    advice_log_interval 1
+    require "serval/advice_log"
+    require "serval/auto/model_process"
+    Serval::AdviceLog.prepend(Module.new do
+      def start
+        @runner ||= Serval::Auto::ModelProcess.new(child: ENV.fetch("SERVAL_TEST_MODEL_CHILD"))
+        super
+      end
+    end)
+  RUBY
+
+  def test_an_advice_check_in_flight_adds_no_thread
+    gate = ModelGate.new(open: false) # shut: the checks pass at once
+    server = spawn_server(["-b", "tcp://127.0.0.1:0"],
+                          files: { "config.ru" => APP, "config/serval.rb" => ADVICE_CONFIG },
+                          env: { "SERVAL_TEST_MODEL_CHILD" => ModelGate::CHILD, "SERVAL_TEST_MODEL_GATE" => gate.path }).boot
+    client = connect(server.port)
+    800.times do
+      client.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+      assert_equal 200, client.read_response.status
+    end
+    client.close
+    server.wait_for(/\Aadvice: \d+ threads/, timeout: 60) # enough requests: the line
+    gate.open
+    held, child = gate.accept # the next check, in flight
+    seen = threads_of(server)
+    assert_lean(seen, children: [child])
+    server.signal(Serval::Signals::DUMP_SIGNAL)
+    server.wait_for(/\Aserval\[#{server.pid}\] thread /, stream: :err) # served by the loop meanwhile
+    refute_match(/thread serval-advice/, server.stderr)
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    server.signal("TERM")
+    status = server.wait(10)
+    refute_nil status, "it did not exit while its model child was held"
+    assert_operator Process.clock_gettime(Process::CLOCK_MONOTONIC) - started, :<, 5
+    assert_equal 0, status.exitstatus
+    assert_raises(Errno::ESRCH) { Process.kill(0, child) }
+    refute_match(/advice failed/, server.stdout + server.stderr)
+  ensure
+    held&.close
+    gate&.close
   end
 
   def test_m_n_threads_are_refused_at_boot

@@ -29,10 +29,24 @@ module Serval
   #
   #   advice: 2 processes; threads :auto runs 3 threads (its model: knee 3, part-load target 4, held 3-4; cpu share 0.41 from 12,400 requests)
   #
-  # No thread waits between checks: the supervising loop (Supervisor#every)
-  # starts one ("serval-advice", priority -3) for each check, which ends
-  # with it; a check still running when the next is due makes that one
-  # skipped. A launcher without that loop gets a Ticker thread instead.
+  # No thread of its own in single mode: the supervising loop (Supervisor#every
+  # and #watch) runs each check in two steps that never wait. The tick reads
+  # the window and hands it to the child (ModelProcess#submit: a file and a
+  # few bytes on its pipe, a few ms), then watches the child's answer; when
+  # it is readable the loop logs the line. Commands (a stop) are served
+  # meanwhile, however long the child takes; an answer later than the
+  # child's timeout (ModelProcess::TIMEOUT) is given up at the next tick
+  # (the child is stopped, the failure logged once, and that tick starts a
+  # new check); a check still running when the next is due, and not late,
+  # makes that one skipped. A child that fails is logged, not replaced by
+  # the check in this process (it would hold the loop for the model's
+  # time); the next check starts a new child.
+  #
+  # The cluster master's window asks the workers and waits for their
+  # answers (Cluster#window, up to CommandChannel::GRACE): there the check
+  # runs on a thread ("serval-advice", priority -3) started for each check,
+  # which ends with it (the master serves no requests). A launcher without
+  # the loop gets a Ticker thread.
   class AdviceLog
     CHECK_SETTINGS = { sim_requests: 5000, load_requests: 5000 }.freeze
     BOOT_WAIT = 86_400
@@ -60,15 +74,76 @@ module Serval
       @settings = settings
       @last = nil # [threads, processes] last logged
       @last_error = nil
+      @request = nil # the check in the child (single mode's loop)
+      @watch = nil
     end
 
-    # One check: logs and returns the line when the decision is new, else nil.
+    # One check, waiting for it: logs and returns the line when the
+    # decision is new, else nil.
     def check
       window = @launcher.window or return nil
       require "serval/advice/local"
       # only the decision is logged: no latency figures, no precision runs
       advice = Advice::Local.recommend(window, stats: @launcher.stats, runner: @runner, load_points: [], precision: false,
                                                **@settings)
+      report(advice)
+    rescue StandardError => e
+      failed(e)
+    end
+
+    # From the supervising loop, each interval: the previous check given up
+    # if it is late, then a new one handed to the child, unless one runs.
+    # Returns the Request, or nil.
+    def tick(now = Process.clock_gettime(Process::CLOCK_MONOTONIC))
+      thread = Thread.current
+      priority = thread.priority
+      thread.priority = PRIORITY # as the thread that ran the check did: shorter slices beside request threads
+      submit_check(now)
+    ensure
+      thread.priority = priority
+    end
+
+    private def submit_check(now)
+      if @request
+        return nil if now < @request.deadline
+
+        collect(now) # late: the answer if it is whole by now, else ModelProcessTimeout (logged)
+        return nil if @request
+      end
+      window = @launcher.window or return nil
+      # the machine's facts and the server's memory: read in the child
+      request = @runner.submit(:local_advice, window, pids: [Process.pid], load_points: [], precision: false, **@settings)
+      return nil unless request # busy with another call
+
+      @request = request
+      @watch = @launcher.watch(request.io) { collect }
+      request
+    rescue StandardError => e
+      failed(e)
+    end
+
+    # The child's answer, when the loop saw its pipe readable (or the tick
+    # found it late): the line logged once it is whole.
+    def collect(now = Process.clock_gettime(Process::CLOCK_MONOTONIC))
+      request = @request or return nil
+      answer = request.poll(now)
+      return nil if answer.equal?(Auto::ModelProcess::Request::PENDING)
+
+      end_check
+      report(answer)
+    rescue StandardError => e
+      end_check
+      failed(e)
+    end
+
+    def end_check
+      @watch&.stop
+      @watch = nil
+      @request = nil
+    end
+
+    # The line for one advice (logged), or nil when the decision is the same.
+    def report(advice)
       return nil unless advice[:enough_data]
 
       autos = auto_stats(@launcher.stats)
@@ -80,17 +155,15 @@ module Serval
       @last_advice = advice
       @log_writer.info(line)
       line
-    rescue StandardError => e
-      message = "serval: advice failed (#{e.class}: #{e.message})"
-      @log_writer.error(message) unless message == @last_error # once per distinct failure
-      @last_error = message
-      nil
     end
+    private :end_check, :report
 
     def start
       require "serval/auto/model_process"
       @runner ||= Auto::ModelProcess.new
-      if @launcher.respond_to?(:every)
+      if @launcher.respond_to?(:every) && on_loop?
+        @job = @launcher.every(@interval) { tick }
+      elsif @launcher.respond_to?(:every)
         @job = @launcher.every(@interval) { check_on_thread }
       else
         @ticker = Ticker.new(THREAD, @interval, @log_writer, priority: PRIORITY,
@@ -99,15 +172,34 @@ module Serval
       self
     end
 
-    # The runner's child is stopped first, so a check in progress ends at once.
+    # The runner's child is stopped first, so a check in progress ends at
+    # once. From the loop's thread, or once the loop has ended (Launcher#run
+    # does): the child's pipe, which the loop watches, is closed here.
     def stop
       @job&.stop
+      @watch&.stop
       @ticker&.stop
       @runner&.stop if @runner.respond_to?(:stop)
+      @request = nil
       @thread&.join(STOP_WAIT)
     end
 
     private
+
+    # The check on the loop itself: where the launcher can watch IOs and
+    # its window is this process's (single mode; a cluster's waits for the
+    # workers) and the runner can take a request without waiting.
+    def on_loop?
+      @launcher.respond_to?(:watch) && @runner.respond_to?(:submit) && @launcher.respond_to?(:options) &&
+        @launcher.options.fetch(:workers, 0).to_i.zero?
+    end
+
+    def failed(error)
+      message = "serval: advice failed (#{error.class}: #{error.message})"
+      @log_writer.error(message) unless message == @last_error # once per distinct failure
+      @last_error = message
+      nil
+    end
 
     # threads :auto's stats: the one process's, or each worker's (cluster);
     # nil when auto is off (its stats are there only when it is on).

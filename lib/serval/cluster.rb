@@ -107,19 +107,20 @@ module Serval
     end
 
     # The one loop: commands, check-ins, exits (SIGCHLD's :child only wakes
-    # it), deadlines, worker count.
+    # it), deadlines, worker count, watched IOs (Supervisor#watch).
     def supervise
       @last_tick = now
       until @done
-        ready, = IO.select([@signals.reader, *handles.map(&:status_io).reject(&:closed?)], nil, nil, next_timeout)
+        ready = select_ready([@signals.reader, *handles.map(&:status_io).reject(&:closed?), *watched_ios], next_timeout)
         guard_suspend
         (ready || []).each do |io|
           if io == @signals.reader
             @signals.read.each { |command| handle(command) }
-          else
-            read_worker(handles.find { |h| h.status_io == io })
+          elsif (worker = handles.find { |h| h.status_io == io })
+            read_worker(worker)
           end
         end
+        run_watches(ready) unless @done
         reap
         check_deadlines
         @stopping ? finish_stop : maintain

@@ -99,6 +99,10 @@ module Serval
     # log's checks.
     def every(interval, &block) = @impl.every(interval, &block)
 
+    # An IO the supervising loop waits on (Supervisor#watch): the advice
+    # log's model child.
+    def watch(io, &block) = @impl.watch(io, &block)
+
     def enqueue(command)
       raise ArgumentError, "unknown launcher command #{command.inspect}" unless COMMANDS.include?(command)
 

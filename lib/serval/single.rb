@@ -6,8 +6,9 @@ module Serval
   # Single mode: one process loads the app, binds, runs the Server and
   # supervises it. Boot, commands, restart and cleanup are Supervisor's;
   # here: the Server, the loop and how a stop reaches the Server. The loop,
-  # on the main thread, waits on the commands pipe and the Server's error
-  # ring (ErrorLog#io) and runs the periodic jobs; the Server tells it when
+  # on the main thread, waits on the commands pipe, the Server's error
+  # ring (ErrorLog#io) and the IOs its jobs watch (the advice log's model
+  # child), and runs the periodic jobs; the Server tells it when
   # it has stopped. No thread of its own but the stopper, during a drain.
   # The cluster-only commands have no handler here, so #enqueue refuses
   # them (the control app answers 501) and their signals are logged and
@@ -71,9 +72,10 @@ module Serval
       errors = @server.error_log
       until @done
         t = now
-        ready, = IO.select([@signals.reader, errors.io].compact, nil, nil, [errors.due(t), jobs_timeout(t)].compact.min)
+        ready = select_ready([@signals.reader, errors.io, *watched_ios].compact, [errors.due(t), jobs_timeout(t)].compact.min)
         errors.drain if errors.io
         handle_commands if ready&.include?(@signals.reader)
+        run_watches(ready) unless @done
         run_jobs unless @done
       end
     end

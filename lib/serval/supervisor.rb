@@ -28,7 +28,11 @@ module Serval
   # and may override forward(signal) (its workers), keep_listeners_for_exec,
   # process_label, and add on_<command> handlers of its own. Its loop also
   # runs the periodic jobs (#every): #jobs_timeout bounds its wait and
-  # #run_jobs runs what is due.
+  # #run_jobs runs what is due; and it waits on the IOs jobs hand it
+  # (#watch): #watched_ios joins them to its IO.select and #run_watches
+  # calls the block of each that is readable. So a job never waits: it
+  # starts something (a request to a child process) and watches for the
+  # answer, and the loop serves commands meanwhile.
   class Supervisor
     include BootState
 
@@ -48,6 +52,8 @@ module Serval
       @status = 0
       @preload = nil # a cluster's preload_app; single mode always loads the app before binding
       @jobs = []
+      @watches = [] # replaced, never changed in place: the loop reads it without the lock
+      @watch_lock = Mutex.new
       init_boot_state
     end
 
@@ -94,6 +100,23 @@ module Serval
 
     # One #every job: its next run is set at the loop's first turn.
     Job = Struct.new(:interval, :block, :next_at, :stopped) do
+      def stop = self.stopped = true
+    end
+
+    # An IO the loop waits on beside its own: the block runs on the loop
+    # whenever io is readable (EOF included), until #stop on the returned
+    # Watch, or until io is closed. Like a job's, the block must not wait.
+    # Call it from the loop (a job) or before #run. Close io only on the
+    # loop's thread or once the loop has ended: an IO closed by another
+    # thread while IO.select waits on it does not wake it.
+    def watch(io, &block)
+      raise ArgumentError, "watch needs a block" unless block
+
+      Watch.new(io, block).tap { |w| @watch_lock.synchronize { @watches = [*@watches, w] } }
+    end
+
+    # One #watch: #stop ends it (the loop drops it at its next turn).
+    Watch = Struct.new(:io, :block, :stopped) do
       def stop = self.stopped = true
     end
 
@@ -144,6 +167,44 @@ module Serval
           @log_writer.exception(e, "serval: periodic job failed")
         end
       end
+    end
+
+    # The watched IOs still open (stopped and closed ones are dropped).
+    def watched_ios
+      list = @watches
+      return [] if list.empty?
+
+      if list.any? { |w| w.stopped || w.io.closed? }
+        @watch_lock.synchronize { @watches = @watches.reject { |w| w.stopped || w.io.closed? } }
+        list = @watches
+      end
+      list.map(&:io)
+    end
+
+    # Calls the block of each watch whose IO is in ready; a block that
+    # raised is logged and its watch ends.
+    def run_watches(ready)
+      return if ready.nil? || ready.empty?
+
+      @watches.each do |w|
+        next if w.stopped || !ready.include?(w.io)
+
+        begin
+          w.block.call
+        rescue StandardError => e
+          w.stop
+          @log_writer.exception(e, "serval: watch failed")
+        end
+      end
+    end
+
+    # IO.select that outlives an IO closed meanwhile (a watched one, by its
+    # owner): nothing ready, and the next turn drops it.
+    def select_ready(ios, timeout)
+      ready, = IO.select(ios, nil, nil, timeout)
+      ready
+    rescue IOError
+      nil
     end
 
     # Every command, whatever sent it, arrives here.

@@ -4,6 +4,7 @@ require "json"
 require "test_helper"
 require "serval/auto/model"
 require "serval/auto/model_process"
+require "support/model_gate"
 
 # The model's child process: the same answer as in this process, at nice
 # 19 and (Linux) SCHED_IDLE, restarted after it dies, gone after #stop.
@@ -93,5 +94,134 @@ class AutoModelProcessTest < Minitest::Test
     @process.stop
     assert_nil @process.pid
     assert_raises(Errno::ESRCH, Errno::ECHILD) { Process.kill(0, pid) && Process.wait(pid) }
+  end
+
+  # #submit: the same answer without waiting, the frame in a file of its
+  # own (0600) that is gone once answered.
+  def test_a_submitted_request_gives_the_same_answer_without_waiting
+    options = { max: 4 }
+    want = Serval::Auto::Model.call(@window, **options)
+    files = -> { Dir[File.join(Dir.tmpdir, "serval-model-#{Process.pid}-*")] }
+    request = @process.submit(:model, @window, **options)
+    file = files.call.first
+    refute_nil file, "the frame is in a file"
+    assert_equal 0o600, File.stat(file).mode & 0o777
+    assert_nil @process.submit(:model, @window, **options), "busy: nil at once"
+    assert_equal want, answer_of(request)
+    assert request.done?
+    assert_empty files.call, "removed once answered"
+    refute_nil @process.submit(:model, @window, **options), "the next one"
+  end
+
+  # A blocking call from another thread waits for the submitted request
+  # (one child, one turn at a time).
+  def test_a_blocking_call_waits_for_a_submitted_request
+    gate = ModelGate.new
+    process = Serval::Auto::ModelProcess.new(timeout: 60, child: ModelGate::CHILD)
+    request = process.submit(:model, @window.merge(gate: gate.path), max: 4)
+    child, = gate.accept
+    caller = Thread.new { process.call(@window, max: 4) }
+    assert_nil caller.join(0.2), "waits its turn"
+    gate.release(child)
+    refute_nil answer_of(request)
+    assert_equal Serval::Auto::Model.call(@window, max: 4), caller.join(60).value
+  ensure
+    process&.stop
+    gate&.close
+  end
+
+  # A child that does not answer: past the deadline, #poll raises the
+  # timeout and stops the child; the next request starts another.
+  def test_a_hung_request_times_out_and_the_next_one_works
+    gate = ModelGate.new
+    process = Serval::Auto::ModelProcess.new(timeout: 60, child: ModelGate::CHILD)
+    request = process.submit(:model, @window.merge(gate: gate.path), max: 4)
+    _, hung = gate.accept
+    assert_equal process.pid, hung
+    assert_equal Serval::Auto::ModelProcess::Request::PENDING, request.poll
+    assert_raises(Serval::ModelProcessTimeout) { request.poll(request.deadline) }
+    assert_nil process.pid, "the child that did not answer is gone"
+    assert request.io.closed?
+    assert_raises(Errno::ESRCH) { Process.kill(0, hung) }
+    assert_raises(Serval::ModelProcessError) { request.poll }
+    again = process.submit(:model, @window, max: 4)
+    assert_equal Serval::Auto::Model.call(@window, max: 4), answer_of(again)
+  ensure
+    process&.stop
+    gate&.close
+  end
+
+  # #stop ends a submitted request at once: its IO closed, its poll raises.
+  def test_stop_ends_a_submitted_request
+    gate = ModelGate.new
+    process = Serval::Auto::ModelProcess.new(timeout: 60, child: ModelGate::CHILD)
+    request = process.submit(:model, @window.merge(gate: gate.path), max: 4)
+    _, pid = gate.accept
+    process.stop
+    assert request.io.closed?
+    assert request.done?
+    assert_raises(Serval::ModelProcessError) { request.poll }
+    assert_raises(Errno::ESRCH, Errno::ECHILD) { Process.kill(0, pid) && Process.wait(pid) }
+  ensure
+    gate&.close
+  end
+
+  def test_a_failing_submitted_request_raises_and_the_child_goes_on
+    request = @process.submit(:model, { requests: "many" }, max: 4)
+    error = assert_raises(Serval::ModelProcessError) { answer_of(request) }
+    assert_match(/ArgumentError/, error.message)
+    assert_equal Serval::Auto::Model.call(@window, max: 4), answer_of(@process.submit(:model, @window, max: 4))
+  end
+
+  # The samples go to the child packed by column (SampleTable): the same
+  # window comes back, whatever its rows hold.
+  def test_the_sample_table_gives_back_the_window
+    rows = [{ run: 0.1, idle: 0.2, shape: [0.05, 0.2, 0.05], route: "GET /a" },
+            { run: 0.3, idle: -0.0, lock: 0.01, shape: [], route: "GET /b" },
+            { idle: Float::INFINITY, run: 0.5, shape: [0.5], route: "GET /a", odd: nil },
+            { run: 1, idle: 0.0, extra: { deep: [1, "x"] } }]
+    window = { requests: 4, samples: rows, route_samples: [{ route: "GET /a", run: 0.1 }], other: [1, 2] }
+    packed = Serval::Auto::SampleTable.pack(window)
+    assert_kind_of Serval::Auto::SampleTable::Table, packed[:samples]
+    assert_equal rows, window[:samples], "the window is not changed"
+    back = Serval::Auto::SampleTable.unpack(Marshal.load(Marshal.dump(packed))) # rubocop:disable Security/MarshalLoad
+    assert_equal window, back
+    assert_equal rows.map { |r| r.keys.sort }, back[:samples].map { |r| r.keys.sort }, "missing keys still missing"
+    kinds = packed[:samples].columns.to_h { |c| [c.key, c.kind] }
+    assert_equal({ run: :any, idle: :float, shape: :floats, route: :strings, lock: :float, odd: :any, extra: :any }, kinds)
+    nan = Serval::Auto::SampleTable.unpack(Serval::Auto::SampleTable.pack({ samples: [{ run: Float::NAN }] }))
+    assert nan[:samples].first[:run].nan?
+    assert_equal({ samples: [] }, Serval::Auto::SampleTable.pack({ samples: [] }))
+    assert_equal "not a window", Serval::Auto::SampleTable.pack("not a window")
+  end
+
+  # The advice log's kind: the machine's facts and the server's memory read
+  # in the child, the answer the one Advice::Local gives here.
+  def test_local_advice_reads_the_facts_in_the_child
+    require "serval/advice/local"
+    options = { sim_requests: 2000, load_requests: 2000, load_points: [], precision: false }
+    request = @process.submit(:local_advice, @window, pids: [Process.pid], **options)
+    got = answer_of(request)
+    want = Serval::Advice::Local.recommend(@window, **options)
+    stable = %i[cpus cpu_source memory_source worker_source] # memory and PSS move meanwhile
+    assert_equal want[:machine].slice(*stable), got[:machine].slice(*stable)
+    assert_equal "PSS of pid #{Process.pid}", got[:machine][:worker_source], "this process's memory, not the child's"
+    assert_equal want.values_at(:threads, :processes), got.values_at(:threads, :processes)
+    assert_raises(ArgumentError) { @process.submit(:nothing, @window) }
+  end
+
+  private
+
+  # Waits (bounded) for the request's IO, as the supervising loop does.
+  def answer_of(request, timeout: 60)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
+    loop do
+      answer = request.poll
+      return answer unless answer.equal?(Serval::Auto::ModelProcess::Request::PENDING)
+
+      left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      flunk "no answer in #{timeout} s" if left <= 0
+      request.io.wait_readable(left)
+    end
   end
 end

@@ -4,14 +4,26 @@
 # (POLICY idle, the default, or batch).
 # Reads [kind, window, options] Marshal frames (4-byte big-endian length,
 # then the data) on stdin, answers each with Auto::Model.call's result
-# (kind :model) or Serval::Advice.recommend's (kind :advice), or
+# (kind :model), Serval::Advice.recommend's (kind :advice) or
+# Serval::Advice::Local.recommend's (kind :local_advice: ModelProcess::KINDS), or
 # {error: message}, in the same framing on stdout; exits at EOF.
+# A frame [:file, path] (ModelProcess#submit) stands for the frame held in
+# that file, which the parent wrote and removes.
 require "serval/auto/model"
+require "serval/auto/sample_table"
 require "serval/advice"
+require "serval/advice/local"
+
+# :local_advice: Advice::Local's, facts read here (see ModelProcess::KINDS).
+def local_advice(window, options)
+  pids = Array(options.delete(:pids))
+  Serval::Advice::Local.recommend(window, stats: { worker_status: pids.map { |pid| { pid: pid } } }, **options)
+end
 
 KINDS = {
   model: ->(window, options) { Serval::Auto::Model.call(window, **options) },
-  advice: ->(window, options) { Serval::Advice.recommend(window, **options) }
+  advice: ->(window, options) { Serval::Advice.recommend(window, **options) },
+  local_advice: ->(window, options) { local_advice(window, options) }
 }.freeze
 
 begin
@@ -58,6 +70,8 @@ loop do
 
   answer = begin
     kind, window, options = Marshal.load(data) # rubocop:disable Security/MarshalLoad -- from the parent that started us
+    kind, window, options = Marshal.load(File.binread(window)) if kind == :file # rubocop:disable Security/MarshalLoad
+    window = Serval::Auto::SampleTable.unpack(window)
     KINDS.fetch(kind) { raise ArgumentError, "unknown kind #{kind.inspect}" }.call(window, options)
   rescue StandardError => e
     { error: "#{e.class}: #{e.message}" }
