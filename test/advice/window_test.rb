@@ -108,6 +108,9 @@ class AdviceWindowTest < Minitest::Test
     assert_in_delta sim.call(plain).closed(1).wall_p50, one.wall_p50, 1e-9
     assert_in_delta 1 / 0.0205, one.rps, 0.5
     assert_raises(ArgumentError) { Serval::Advice::Window.new(base.merge(gvl_between: -0.1)) }
+    assert_raises(ArgumentError) { Serval::Advice::Window.new(base.merge(gvl_between: Float::INFINITY)) }
+    # a hello-world server measures far more GVL between requests than in them (seen: > 10)
+    assert_in_delta 0.002 * 14, Serval::Advice::Window.new(base.merge(gvl_between: 14)).workload.between, 1e-12
     many = base.merge(requests: 1200, samples: samples * 6, gvl_between: 0.05)
     advice = Serval::Advice.recommend(many, machine: { cpus: 1.0, cpu_source: "test" }, load_points: [], precision: false)
     assert_in_delta 0.05, advice[:workload][:gvl_between]
