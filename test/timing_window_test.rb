@@ -185,6 +185,40 @@ class TimingWindowTest < Minitest::Test
     assert_in_delta 0.08, W.merge([w, other])[:outside_cpu], 1e-9, "weighted by requests"
   end
 
+  # outside_cpu sums the steps before its floor at 0: a slice counts in
+  # the step it ends in, so held time runs ahead of the CPU in one step and
+  # behind it in the next; keeping only the steps where the CPU came out
+  # ahead would count that noise as CPU beyond the GVL.
+  def test_outside_cpu_does_not_count_step_noise
+    T.window_reset(START - 10)
+    100.times { |i| record(START + 1 + (i * 0.01)) }
+    steps = Array.new(8) { |i| [START - 9 + (i * 0.25), i.even? ? 0.22 : 0.18, 0.2, 0.2] } # CPU = held over two steps
+    w = W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps])
+    assert_in_delta 0.0, w[:outside_cpu], 1e-9
+    behind = steps.map { |at, _h, c, pr| [at, 0.22, c, pr] } # held above the CPU in every step: floored
+    assert_in_delta 0.0, W.read(now: START + 5, gvl_split: true, steadiness: [0.25, behind])[:outside_cpu], 1e-9
+  end
+
+  # cpu_per_request: the whole process's CPU over the window's steps (quiet
+  # ones too) per request of the window; only when the steps span the window.
+  def test_cpu_per_request_over_the_window
+    T.window_reset(START - 10) # the window: START - 10 .. START + 5, 15 s
+    300.times { |i| record(START + 1 + (i * 0.01)) }
+    steps = Array.new(60) { |i| [START - 9.9 + (i * 0.25), 0.2, 0.2, i < 40 ? 0.21 : 0.01] } # 8.4 + 0.2 s
+    old = [[START - 12.0, 0.25, 0.25, 5.0]] # before the window: left out
+    w = W.read(now: START + 5, gvl_split: true, steadiness: [0.25, old + steps])
+    assert_in_delta 15.0, w[:seconds], 1e-9
+    assert_in_delta 8.6 / 300, w[:cpu_per_request], 1e-9
+    short = W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps.last(40)])
+    refute short.key?(:cpu_per_request), "10 s of steps for a 15 s window"
+    refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps.map { |st| st.first(3) }]).key?(:cpu_per_request),
+           "steps without the process's CPU"
+    refute W.read(now: START + 5, gvl_split: false, steadiness: [0.25, steps]).key?(:cpu_per_request), "no hook"
+    other = w.merge(requests: w[:requests] * 3, cpu_per_request: 0.01)
+    assert_in_delta ((8.6 / 300) + (3 * 0.01)) / 4, W.merge([w, other])[:cpu_per_request], 1e-9, "weighted by requests"
+    assert_equal w[:cpu_per_request], Serval::Advice::Window.new(w).cpu_per_request
+  end
+
   # gvl_between: the GVL held outside requests per second held in them, over
   # the window's busy steps.
   def test_gvl_between_from_busy_steps

@@ -54,6 +54,7 @@ module Serval
         @fleet = { machines: machines, extra_connections: extra_connections, max_connections: db_max_connections }
         @target = target_rps
         @stall_limit = stall_limit
+        @cpu_scale = nil
       end
 
       def call
@@ -91,6 +92,7 @@ module Serval
 
       def decide
         workload = lock_modelled(ruby31_corrected(@window.workload))
+        cpu_scaled
         unless (workload.mean_run + workload.mean_io).positive?
           @warnings.unshift("the measured requests took no measurable time: nothing to model")
           return base.merge(summary: "advice: #{@warnings.first}")
@@ -125,6 +127,7 @@ module Serval
           workload: { mean_run: workload.mean_run.round(6), mean_io: workload.mean_io.round(6),
                       io_waits: workload.io_waits, samples: @window.measured, tail_cpu: workload.tail_cpu.round(6),
                       gvl_between: @window.gvl_between, between: workload.between.round(6),
+                      cpu_per_request: @window.cpu_per_request&.round(9), cpu_scale: @cpu_scale&.round(4),
                       idle_cpu_wait: @window.idle_cpu_wait, idle_send_wait: @window.idle_send_wait,
                       idle_send_hidden: @window.idle_send_hidden,
                       estimated_stall: @estimated_stall&.round(6) },
@@ -143,6 +146,20 @@ module Serval
         explain(result)
         steadiness_note(result[:cpu_steadiness])
         result.merge(summary: summary(result))
+      end
+
+      # The run the model plays when the GVL time it would charge a request
+      # exceeds the process's whole CPU per request (Window#cpu_scale): say
+      # so, with the factor (workload's cpu_scale: nil when not scaled).
+      def cpu_scaled
+        k = @window.cpu_scale
+        return unless k < 1.0
+
+        @cpu_scale = k
+        @reasons << format("run taken at %.2f of its measured %.3f ms: the GVL time charged per request " \
+                           "(run, GVL between requests, CPU beyond the GVL) exceeded the process's whole CPU " \
+                           "per request over the window (%.3f ms); the rest was GVL held off a CPU",
+                           k, @window.unscaled_workload.mean_run * 1e3, @window.cpu_per_request * 1e3)
       end
 
       # The open-loop figures replay the CPU's measured dips; say how unsteady

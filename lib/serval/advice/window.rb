@@ -24,6 +24,7 @@ module Serval
     #                               # GVL time held, as ext/serval/steadiness.c measures it (Simulation)
     #     outside_cpu: 0.05,        # optional: the process's CPU beyond the GVL, per second held (tail_cpu)
     #     gvl_between: 0.03,        # optional: GVL held outside requests per second held in them (between_cpu)
+    #     cpu_per_request: 0.0012,  # optional: the whole process's CPU per request over the window (cpu_scale)
     #     idle_cpu_wait: 0.3,       # optional: share of the requests' idle time spent ready, waiting for a CPU
     #     idle_send_wait: 0.1,      # optional: GVL waits after preempted sends, the remote's, per second of idle
     #     idle_send_hidden: 0.05,   # optional: the remote's time hidden in GVL waits (HiddenRemote) less the
@@ -76,7 +77,7 @@ module Serval
       attr_reader :route_samples
       attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms, :processes,
                   :handoff, :timeslice, :cpu_speed, :outside_cpu, :gvl_between, :idle_cpu_wait,
-                  :idle_send_wait, :idle_send_hidden
+                  :idle_send_wait, :idle_send_hidden, :cpu_per_request
 
       def initialize(hash)
         h = symbolize(hash)
@@ -101,6 +102,9 @@ module Serval
         # no upper bound: on a tiny request (hello world) Serval's own work
         # between requests holds the GVL many times longer than the request
         raise ArgumentError, "gvl_between must be >= 0 and finite" if @gvl_between && !(@gvl_between >= 0 && @gvl_between.finite?)
+        @cpu_per_request = h[:cpu_per_request] && Float(h[:cpu_per_request]) # process CPU per request, seconds
+        raise ArgumentError, "cpu_per_request must be in [0, 10] seconds" if @cpu_per_request && !(@cpu_per_request >= 0 && @cpu_per_request <= 10)
+        @cpu_per_request = nil if @cpu_per_request&.zero? # the sampler's ticks (10 ms) saw none: unknown, not free
         @idle_cpu_wait = h[:idle_cpu_wait] && Float(h[:idle_cpu_wait]) # share of idle spent ready, waiting for a CPU
         raise ArgumentError, "idle_cpu_wait must be in [0, 1)" if @idle_cpu_wait && !(@idle_cpu_wait >= 0 && @idle_cpu_wait < 1)
         @idle_send_wait = h[:idle_send_wait] && Float(h[:idle_send_wait]) # remote's time filed as stall, per idle
@@ -149,18 +153,52 @@ module Serval
       end
 
       def workload(split: :equal)
-        w = if @samples.any?
-              Workload.new(pairs: calibrated.map { |s| pair(s) }, io_waits: @io_waits, split: split)
-            else
-              run = dist(:run) || dist(:cpu)
-              idle = dist(:idle) || dist(:wait)
-              raise ArgumentError, "the window has neither samples nor run and idle histograms" unless run && idle
-
-              Workload.new(run: run, io: scaled_io(idle), io_waits: @io_waits, split: split)
-            end
+        w = unscaled_workload(split: split)
+        k = cpu_scale(w)
+        w = w.scale_run(k) if k < 1.0
         tail = tail_cpu(w)
         between = between_cpu(w)
         tail.positive? || between.positive? ? w.with_tail(tail, between: between) : w
+      end
+
+      # The factor (<= 1) the requests' run is taken at so that the GVL time
+      # the model charges a request - its run, the GVL held between requests
+      # (gvl_between) and the process's CPU beyond the GVL (outside_cpu) -
+      # is no more than the whole process's CPU per request measured over
+      # the same window (cpu_per_request). outside_cpu is the process's CPU
+      # less the GVL held, so the charge is the process's CPU per request
+      # whenever the GVL's holders were on a CPU while they held it; it
+      # exceeds that CPU by the time a holder kept the GVL off a CPU -
+      # another process (or a shared, throttled CPU) running while the
+      # holder waited for it to come back. That time is the machine's at
+      # the time of the window, not the requests' work. The three terms all
+      # scale with run, so one factor brings the charge down to the
+      # measured CPU. 1.0 without the figures (Ruby < 3.2, a window of an
+      # older server) or when the charge is within the measured CPU.
+      # (A holder that blocks in C without giving the GVL up - a driver
+      # that does its I/O holding it - also keeps the GVL off a CPU, and
+      # there the GVL really is busy: this takes that time out too.)
+      def cpu_scale(workload = nil)
+        return 1.0 unless @gvl_split && @cpu_per_request && @outside_cpu
+
+        run = (workload || unscaled_workload).mean_run
+        charged = run * (1.0 + @gvl_between.to_f + @outside_cpu)
+        return 1.0 unless charged > @cpu_per_request
+
+        @cpu_per_request / charged
+      end
+
+      # The requests as measured: no cpu_scale, no tail, no between.
+      def unscaled_workload(split: :equal)
+        if @samples.any?
+          Workload.new(pairs: calibrated.map { |s| pair(s) }, io_waits: @io_waits, split: split)
+        else
+          run = dist(:run) || dist(:cpu)
+          idle = dist(:idle) || dist(:wait)
+          raise ArgumentError, "the window has neither samples nor run and idle histograms" unless run && idle
+
+          Workload.new(run: run, io: scaled_io(idle), io_waits: @io_waits, split: split)
+        end
       end
 
       # Seconds per request the GVL's holder loses, once the GVL is busy, to

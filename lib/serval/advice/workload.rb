@@ -114,6 +114,19 @@ module Serval
         @lock ? scaled.with_lock(@lock) : scaled
       end
 
+      # The same requests with every run (and its held spans) multiplied by
+      # factor: Window#cpu_scale.
+      def scale_run(factor)
+        scaled = if @pairs
+                   Workload.new(pairs: @pairs.map { |r, i, shape| [r * factor, i, shape] }, io_waits: @io_waits,
+                                split: @split, tail_cpu: @tail_cpu, between: @between)
+                 else
+                   Workload.new(run: ScaledDistribution.new(@run, factor), io: @io, io_waits: @io_waits, split: @split,
+                                tail_cpu: @tail_cpu, between: @between)
+                 end
+        @lock ? scaled.with_lock(@lock) : scaled
+      end
+
       # Mean seconds per request holding the GVL / waiting without it.
       def mean_run = @mean_run ||= @pairs ? @pairs.sum(&:first) / @pairs.size : @run.mean
       def mean_io = @mean_io ||= @pairs ? @pairs.sum { |p| p[1] } / @pairs.size : @io.mean

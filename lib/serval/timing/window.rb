@@ -12,6 +12,7 @@ module Serval
     #
     #   { requests:, seconds:, max_threads:, gvl_split:, ruby:, io_waits:, gvl_handoff:, gvl_handoffs:,
     #     db_pools:, cpu_speed: [0.98, 1.0, 0.61, ...], outside_cpu: 0.07, gvl_between: 0.03, idle_cpu_wait: 0.3,
+    #     cpu_per_request: 0.0012,
     #     samples: [{queue:, run:, idle:, stall:, pool_wait:, wall:, lock:, shape:}],
     #     route_samples: [{route:, run:, idle:, stall:, wall:}] (Timing::Routes; only with requests),
     #     loaded: {requests:, seconds:} (#loaded),
@@ -81,6 +82,8 @@ module Serval
         window[:outside_cpu] = outside if outside
         between = gvl_split && steadiness && gvl_between(steadiness, from)
         window[:gvl_between] = between if between
+        per_request = gvl_split && steadiness && cpu_per_request(steadiness, from, seconds, requests)
+        window[:cpu_per_request] = per_request if per_request
         sends = native ? native_sends(from) : nil if sends == :native # injected steps: their sends too
         waited = gvl_split && steadiness && idle_shares(steadiness, from, sends)
         window.merge!(waited) if waited
@@ -122,11 +125,11 @@ module Serval
           merged[:gvl_handoff] = (handed.sum { |w| w[:gvl_handoff] * w[:gvl_handoffs].to_i } / n).round(9)
           merged[:gvl_handoffs] = n
         end
-        %i[outside_cpu gvl_between idle_cpu_wait idle_send_wait idle_send_hidden].each do |key| # per-process ratios, weighted by requests
+        %i[outside_cpu gvl_between idle_cpu_wait idle_send_wait idle_send_hidden cpu_per_request].each do |key| # per-process ratios, weighted by requests
           have = windows.select { |w| w[key] && w[:requests].to_i.positive? }
           next if have.empty?
 
-          merged[key] = (have.sum { |w| w[key] * w[:requests].to_i } / have.sum { |w| w[:requests].to_i }).round(4)
+          merged[key] = (have.sum { |w| w[key] * w[:requests].to_i } / have.sum { |w| w[:requests].to_i }).round(key == :cpu_per_request ? 9 : 4)
         end
         speeds = windows.flat_map { |w| Array(w[:cpu_speed]) }
         merged[:cpu_speed] = speeds.last(SPEED_CAP) if speeds.any?
@@ -170,10 +173,35 @@ module Serval
       # SPEED_MIN_BUSY of the step: a quiet step's tickers say nothing of a
       # request's cost). nil without OUTSIDE_MIN_STEPS such steps that note
       # the process's CPU.
+      #
+      # Summed over the steps before the floor at 0, not step by step: a
+      # slice counts in the step it ends in (ext/serval/steadiness.c), so a
+      # step's held time runs a little ahead of or behind its CPU, and
+      # keeping only the steps where the CPU came out ahead counted that
+      # noise as CPU beyond the GVL (the request's run already holds it).
       def outside_cpu(steadiness, from)
         busy = busy_steps(steadiness, from, 4) or return nil
         held = busy.sum { |st| st[1] }
-        (busy.sum { |st| [st[3] - st[1], 0.0].max } / held).round(4)
+        ([busy.sum { |st| st[3] - st[1] }, 0.0].max / held).round(4)
+      end
+
+      CPU_COVER = 0.9 # the steps must span this share of the window for cpu_per_request
+
+      # The whole process's CPU time (every thread: the requests', the event
+      # loop's, Serval's own; ext/serval/steadiness.c) per request completed,
+      # over the window's steps, seconds: what a request costs the process
+      # in all, measured beside the requests' run. The advice caps the GVL
+      # time it charges per request with it (Advice::Window#cpu_scale). nil
+      # without the hook, without requests or when the sampler's steps do
+      # not span CPU_COVER of the window (a fresh sampler, an older build).
+      def cpu_per_request(steadiness, from, seconds, requests)
+        return nil unless requests.positive? && seconds.to_f.positive?
+
+        step, steps = steadiness
+        steps = steps.select { |st| st.size >= 4 && st[0] >= from }
+        return nil if steps.size * step < CPU_COVER * seconds
+
+        (steps.sum { |st| st[3] } / requests).round(9)
       end
 
       # The GVL held outside any request (Serval's own work between requests:
