@@ -65,7 +65,7 @@ class AdviceCpuScaleTest < Minitest::Test
   end
 
   def test_bad_figures_are_refused
-    [-0.001, 11, "x"].each do |bad|
+    [-0.001, Float::INFINITY, "x"].each do |bad|
       assert_raises(ArgumentError, bad.inspect) { Serval::Advice::Window.new(window(cpu_per_request: bad)) }
     end
   end
