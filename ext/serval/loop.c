@@ -958,6 +958,20 @@ int sv_loop_poll(sv_core *core, int timeout_ms)
     return n;
 }
 
+/* A connection the kernel announced to another process's loop (listeners
+ * are registered EPOLLEXCLUSIVE: one waiter is woken per connection) stays
+ * queued when that process took its listeners away before accepting it (a
+ * worker's drain, the balancer's hold): no event for it comes here. So each
+ * scan, a listener this loop watches that has a connection queued is
+ * accepted from as its event would have (one poll(2) per listener per
+ * SV_SCAN_INTERVAL_MS). */
+static void take_stranded(sv_core *core)
+{
+    for (int i = 0; i < core->nlisteners; i++)
+        if (listener_pending(&core->listeners[i]))
+            do_accept(core, &core->listeners[i]);
+}
+
 /* Draining, eviction, timeouts, balance: the loop thread's own work after
  * each round and each park. */
 static void housekeeping(sv_core *core)
@@ -982,6 +996,8 @@ static void housekeeping(sv_core *core)
     if (now >= core->next_scan || draining) {
         scan_timeouts(core, now);
         sv_out_trim(core, now);
+        if (!draining && core->accepting == 1)
+            take_stranded(core);
         core->next_scan = now + SV_SCAN_INTERVAL_MS / 1000.0;
     }
     if (core->opt.balance)
