@@ -67,6 +67,7 @@ class AdviceMixedKneeTest < Minitest::Test
     tried.each_key { |t| assert_operator sweep.fetch(t), :>, p[:rate] }
     assert_equal (tried.keys.min..tried.keys.max).to_a, tried.keys
     assert_operator tried.keys.max, :>=, a[:knee_99]
+    assert_operator tried.keys.max, :<=, [a[:knee_99], a[:threads]].max + A::Recommender::P99_PAST
     assert(a[:reasons].any? { |r| r.include?("predicted p99 is lowest at #{p[:lowest_at]} threads") })
     assert(a[:reasons].any? { |r| r.start_with?("the top is flat: #{a[:knee]} threads") })
   end

@@ -48,6 +48,7 @@ module Serval
       TOP_FRACTION = 0.99 # knee_99
       P99_NEAR = 0.05     # p99_threads: counts whose p99 is within this share of the lowest are alike
       OPEN_ROOM = 1.02    # a count is tried open loop when its closed-loop req/s exceeds the rate by this
+      P99_PAST = 4        # ... and no further than this many past the knee_99 / advised count
 
       RUBY31 = "Ruby 3.1 has no GVL hook: run is the CPU time of sampled requests and idle is wall - CPU, " \
                "which also holds the time spent waiting for the GVL; when requests stalled, this overstates " \
@@ -124,7 +125,7 @@ module Serval
         pool, threads = pool_capped(profiles, sweep, threads)
         chosen = sweep.at(threads)
         knee_99 = flat_top(sweep, knee)
-        p99_threads = p99_threads(workload, sim, sweep, chosen.rps, [knee_99, threads].max)
+        tail = p99_threads(workload, sim, sweep, chosen.rps, [knee_99, threads].max)
         procs = Processes.call(@facts, headroom: @s[:memory_headroom])
         @warnings.concat(procs.delete(:warnings))
         db = Database.call(threads: threads, processes: procs[:processes], **@fleet,
@@ -136,7 +137,7 @@ module Serval
           enough_data: true, threads: threads, threads_range: range && range[:threads],
           range: range && range.except(:threads), processes: procs[:processes], cpu_share: share.round(4),
           max_rps_per_process: chosen.rps.round(2), max_rps_per_machine: (chosen.rps * procs[:processes]).round(2),
-          knee: knee, knee_99: knee_99, p99_threads: p99_threads, stall: { mean: chosen.stall_mean.round(6), p95: chosen.stall_p95.round(6) },
+          knee: knee, knee_99: knee_99, p99_threads: tail, stall: { mean: chosen.stall_mean.round(6), p95: chosen.stall_p95.round(6) },
           workload: { mean_run: workload.mean_run.round(6), mean_io: workload.mean_io.round(6),
                       io_waits: workload.io_waits, samples: @window.measured, tail_cpu: workload.tail_cpu.round(6),
                       gvl_between: @window.gvl_between, between: workload.between.round(6),
@@ -254,9 +255,10 @@ module Serval
       # class comment): the knee is about throughput, this about latency at
       # part load, the figure a user tunes for. Counts from the first that
       # keeps up with the rate, upward, the same arrivals for each (common
-      # random numbers), until two past the lowest once two in a row came
-      # out worse, and always through `through` (the knee_99 or the advised
-      # count). nil without load points or when no count keeps up.
+      # random numbers), until two in a row came out worse than the lowest,
+      # and always through `through` (the knee_99 or the advised count), at
+      # most P99_PAST past it. nil without load points or when no count
+      # keeps up.
       def p99_threads(workload, sim, sweep, max_rps, through)
         load = @s[:load_points].max or return nil
         rate = load * max_rps
@@ -265,7 +267,7 @@ module Serval
         osim = open_sim(workload, sim)
         tried = []
         worse = 0
-        (1..sweep.max).each do |t|
+        (1..[through + P99_PAST, sweep.max].min).each do |t|
           next if sweep.at(t).rps <= rate * OPEN_ROOM
 
           p99 = osim.open(t, rate: rate, rng: Random.new(@s[:seed] + 1)).latency_p99
