@@ -48,7 +48,7 @@ module Serval
       TOP_FRACTION = 0.99 # knee_99
       P99_NEAR = 0.05     # p99_threads: counts whose p99 is within this share of the lowest are alike
       OPEN_ROOM = 1.02    # a count is tried open loop when its closed-loop req/s exceeds the rate by this
-      P99_PAST = 4        # ... and no further than this many past the knee_99 / advised count
+      P99_PAST = 2        # ... from one below the knee / advised count to this many past the knee_99 / advised count
 
       RUBY31 = "Ruby 3.1 has no GVL hook: run is the CPU time of sampled requests and idle is wall - CPU, " \
                "which also holds the time spent waiting for the GVL; when requests stalled, this overstates " \
@@ -125,7 +125,7 @@ module Serval
         pool, threads = pool_capped(profiles, sweep, threads)
         chosen = sweep.at(threads)
         knee_99 = flat_top(sweep, knee)
-        tail = p99_threads(workload, sim, sweep, chosen.rps, [knee_99, threads].max)
+        tail = p99_threads(workload, sim, sweep, chosen.rps, [knee, threads].min - 1, [knee_99, threads].max)
         procs = Processes.call(@facts, headroom: @s[:memory_headroom])
         @warnings.concat(procs.delete(:warnings))
         db = Database.call(threads: threads, processes: procs[:processes], **@fleet,
@@ -253,21 +253,26 @@ module Serval
 
       # The thread count with the best tail under load (p99_threads in the
       # class comment): the knee is about throughput, this about latency at
-      # part load, the figure a user tunes for. Counts from the first that
-      # keeps up with the rate, upward, the same arrivals for each (common
-      # random numbers), until two in a row came out worse than the lowest,
-      # and always through `through` (the knee_99 or the advised count), at
-      # most P99_PAST past it. nil without load points or when no count
-      # keeps up.
-      def p99_threads(workload, sim, sweep, max_rps, through)
+      # part load, the figure a user tunes for. Counts from `from` (one
+      # below the knee or the advised count: fewer threads only lengthen the
+      # queue at this load, and a count barely keeping up is the costliest
+      # to simulate) or the first that keeps up with the rate, upward, the
+      # same arrivals for each (common random numbers), until two in a row
+      # came out worse than the lowest, and always through `through` (the
+      # knee_99 or the advised count), at most P99_PAST past it. Played with
+      # the sweep's requests (sim_requests), not the load points' (5x more):
+      # the counts are compared on the same arrivals; its p99 figures are
+      # coarser than `load`'s. nil without load points
+      # or when no count keeps up.
+      def p99_threads(workload, sim, sweep, max_rps, from, through)
         load = @s[:load_points].max or return nil
         rate = load * max_rps
         return nil unless rate.positive?
 
-        osim = open_sim(workload, sim)
+        osim = sim # the sweep's sim_requests, not load_requests: counts are compared on the same arrivals, 5x cheaper
         tried = []
         worse = 0
-        (1..[through + P99_PAST, sweep.max].min).each do |t|
+        ([from, 1].max..[through + P99_PAST, sweep.max].min).each do |t|
           next if sweep.at(t).rps <= rate * OPEN_ROOM
 
           p99 = osim.open(t, rate: rate, rng: Random.new(@s[:seed] + 1)).latency_p99
