@@ -15,6 +15,13 @@ module Serval
     #   max_rps_per_process  predicted closed-loop req/s at `threads`
     #   max_rps_per_machine  x processes
     #   knee                 the knee before the pool cap / stall limit
+    #   knee_99              the fewest threads reaching TOP_FRACTION (99 %) of the best simulated req/s:
+    #                        far above the knee, the top is flat and a measured sweep's knee moves by
+    #                        threads with a few per cent of noise (bench/NOTES.md "The knee on mixed routes")
+    #   p99_threads          nil, or at the top load point's rate (load_points.max x max_rps_per_process),
+    #                        the open-loop p99 predicted per thread count: {load:, rate:, threads: the
+    #                        fewest within P99_NEAR (5 %) of the lowest, lowest_at:, p99:, lowest_p99:,
+    #                        tried: [[threads, p99], ...]} (counts that cannot keep up are not tried)
     #   threads_range        [fewest, most]: the threads advised at the ends of the 95 % interval of the
     #                        requests' run / io ratio (its sampling error: Workload#ratio_within), always
     #                        holding `threads`; it narrows as requests accumulate (nil: range: false, or
@@ -38,6 +45,11 @@ module Serval
     #   pool, database, machine, capacity (with target_rps), measured
     #   reasons, warnings    Arrays of sentences; summary: one line for the log
     class Recommender
+      TOP_FRACTION = 0.99 # knee_99
+      P99_NEAR = 0.05     # p99_threads: counts whose p99 is within this share of the lowest are alike
+      OPEN_ROOM = 1.02    # a count is tried open loop when its closed-loop req/s exceeds the rate by this
+      P99_PAST = 2        # ... from one below the knee / advised count to this many past the knee_99 / advised count
+
       RUBY31 = "Ruby 3.1 has no GVL hook: run is the CPU time of sampled requests and idle is wall - CPU, " \
                "which also holds the time spent waiting for the GVL; when requests stalled, this overstates " \
                "I/O and so the threads advised. Ruby 3.2+ measures run, idle and stall apart."
@@ -112,6 +124,8 @@ module Serval
         threads = stall_capped(sweep, knee)
         pool, threads = pool_capped(profiles, sweep, threads)
         chosen = sweep.at(threads)
+        knee_99 = flat_top(sweep, knee)
+        tail = p99_threads(workload, sim, sweep, chosen.rps, [knee, threads].min - 1, [knee_99, threads].max)
         procs = Processes.call(@facts, headroom: @s[:memory_headroom])
         @warnings.concat(procs.delete(:warnings))
         db = Database.call(threads: threads, processes: procs[:processes], **@fleet,
@@ -123,7 +137,7 @@ module Serval
           enough_data: true, threads: threads, threads_range: range && range[:threads],
           range: range && range.except(:threads), processes: procs[:processes], cpu_share: share.round(4),
           max_rps_per_process: chosen.rps.round(2), max_rps_per_machine: (chosen.rps * procs[:processes]).round(2),
-          knee: knee, stall: { mean: chosen.stall_mean.round(6), p95: chosen.stall_p95.round(6) },
+          knee: knee, knee_99: knee_99, p99_threads: tail, stall: { mean: chosen.stall_mean.round(6), p95: chosen.stall_p95.round(6) },
           workload: { mean_run: workload.mean_run.round(6), mean_io: workload.mean_io.round(6),
                       io_waits: workload.io_waits, samples: @window.measured, tail_cpu: workload.tail_cpu.round(6),
                       gvl_between: @window.gvl_between, between: workload.between.round(6),
@@ -219,6 +233,63 @@ module Serval
                               "several locks)", l[:simulated_mean] * 1e3, l[:measured_mean] * 1e3)
         end
         workload.with_lock(l[:share])
+      end
+
+      # Where the top really levels off (knee_99), said when it is past the
+      # knee: a curve that creeps on after reaching 95 % of its best makes
+      # the 95 % knee of a measured sweep a coin toss between these counts
+      # (bench/NOTES.md "The knee on mixed routes": a few per cent of noise
+      # per point moved it from 6 to 11 on a CPU-saturated server).
+      def flat_top(sweep, knee)
+        top = sweep.fewest(TOP_FRACTION)
+        if top > knee
+          @reasons << format("the top is flat: %d threads serve %.1f req/s, %d %% of the best simulated (%.1f); " \
+                             "%d threads reach 99 %% (%.1f); more threads than the knee add little throughput, " \
+                             "and a measured sweep's 95 %% point can land anywhere between", knee, sweep.at(knee).rps,
+                             (100 * sweep.at(knee).rps / sweep.best).floor, sweep.best, top, sweep.at(top).rps)
+        end
+        top
+      end
+
+      # The thread count with the best tail under load (p99_threads in the
+      # class comment): the knee is about throughput, this about latency at
+      # part load, the figure a user tunes for. Counts from `from` (one
+      # below the knee or the advised count: fewer threads only lengthen the
+      # queue at this load, and a count barely keeping up is the costliest
+      # to simulate) or the first that keeps up with the rate, upward, the
+      # same arrivals for each (common random numbers), until two in a row
+      # came out worse than the lowest, and always through `through` (the
+      # knee_99 or the advised count), at most P99_PAST past it. Played with
+      # the sweep's requests (sim_requests), not the load points' (5x more):
+      # the counts are compared on the same arrivals; its p99 figures are
+      # coarser than `load`'s. nil without load points
+      # or when no count keeps up.
+      def p99_threads(workload, sim, sweep, max_rps, from, through)
+        load = @s[:load_points].max or return nil
+        rate = load * max_rps
+        return nil unless rate.positive?
+
+        osim = sim # the sweep's sim_requests, not load_requests: counts are compared on the same arrivals, 5x cheaper
+        tried = []
+        worse = 0
+        ([from, 1].max..[through + P99_PAST, sweep.max].min).each do |t|
+          next if sweep.at(t).rps <= rate * OPEN_ROOM
+
+          p99 = osim.open(t, rate: rate, rng: Random.new(@s[:seed] + 1)).latency_p99
+          lowest = tried.map(&:last).min
+          worse = lowest && p99 > lowest ? worse + 1 : 0
+          tried << [t, p99]
+          break if t >= through && worse >= 2
+        end
+        return nil if tried.empty?
+
+        lo_t, lo = tried.min_by { |t, v| [v, t] }
+        near_t, near = tried.find { |_t, v| v <= lo * (1 + P99_NEAR) }
+        @reasons << format("at %d %% of max req/s (%.1f req/s) the predicted p99 is lowest at %d threads (%.0f ms) and within " \
+                           "%d %% of it from %d threads (%.0f ms)", (load * 100).round, rate, lo_t, lo * 1e3,
+                           (P99_NEAR * 100).round, near_t, near * 1e3)
+        { load: load, rate: rate.round(2), threads: near_t, lowest_at: lo_t, p99: near.round(6), lowest_p99: lo.round(6),
+          tried: tried.map { |t, v| [t, v.round(6)] } }
       end
 
       # The articles' last step: fewer threads while the stall is too long.

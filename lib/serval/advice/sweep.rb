@@ -53,6 +53,19 @@ module Serval
 
       def best = @by.each_value.map(&:rps).max
       def knee = rows.find { |r| r.rps >= @fraction * best }.threads
+      # The fewest threads reaching `share` of the best req/s (the knee at
+      # another fraction; 0.99: where a flat top really levels off), rows
+      # past the stop simulated as needed. The best is the rows' simulated
+      # by then: a row added later that beats it does not move the answer
+      # back, so on a still rising curve this is a lower bound.
+      def fewest(share)
+        raise ArgumentError, "share must be within (0, 1]" unless share.positive? && share <= 1
+
+        t = share >= @fraction ? knee : @low
+        t += 1 while t < @max && at(t).rps < share * best
+        t
+      end
+
       # Whether the sweep stopped before max (rows past it were not simulated).
       def stopped_early? = top < @max
 

@@ -150,8 +150,26 @@ module Bench
         knee = sweep.find { |r| r["rps"] >= 0.95 * best }["threads"]
         open = advice["threads"] ? open_loop(server, kase, db_path, advice, best) : []
         out = summarize(kase, advice, sweep, best, knee, open)
+        out["knee_cpu"] = self.class.knee_cpu(sweep)
         out["auto"] = auto_compare(server, kase, db_path, advice, best, knee) if auto_check?
         out
+      end
+
+      # The knee of the server's CPU use rather than its req/s: each point's
+      # req/s x its server CPU per request (the share of its CPU the server
+      # used), fewest threads with 95 % of the highest. A point's req/s moves
+      # with its CPU per request (other load on the server's CPU, a busy
+      # sibling: 5.7-6.5 ms on mixed routes in one run, bench/NOTES.md "The
+      # knee on mixed routes"); once the server is CPU-bound that noise is
+      # all that separates the points, and the req/s knee lands anywhere on
+      # the flat top. Reported beside the knee, not instead of it; nil
+      # without CPU figures.
+      def self.knee_cpu(sweep)
+        busy = sweep.map { |r| r["cpu_ms_per_request"] && r["rps"] * r["cpu_ms_per_request"] / 1e3 }
+        return nil if busy.any?(&:nil?) || busy.empty?
+
+        top = busy.max
+        sweep[busy.index { |b| b >= 0.95 * top }]["threads"]
       end
 
       def summarize(kase, advice, sweep, best, knee, open)
@@ -164,7 +182,7 @@ module Bench
         ctx.log format("advice: %s advised %s knee %d predicted %.1f best %.1f", share, threads.inspect, knee,
                        advice["max_rps_per_process"].to_f, best)
         { "share" => kase.respond_to?(:share) ? kase.share : nil, "case" => kase.key, "label" => kase.label,
-          "description" => kase.description, "advice" => advice.slice("source", "threads", "knee", "cpu_share", "max_rps_per_process",
+          "description" => kase.description, "advice" => advice.slice("source", "threads", "knee", "knee_99", "p99_threads", "cpu_share", "max_rps_per_process",
                                                      "requests", "warnings", "workload", "stall", "measured",
                                                      "cpu_steadiness", "precision"),
           "advised_threads" => threads, "knee" => knee, "best_rps" => best, "predicted_rps" => advice["max_rps_per_process"],
@@ -665,6 +683,10 @@ module Bench
           if s["sweep"].any? { |r| r["cpu_ms_per_request"] }
             notes << "#{label} server CPU per request (ms, user + system, threads: ms): " +
                      s["sweep"].map { |r| format("%d: %s", r["threads"], r["cpu_ms_per_request"] ? format("%.2f", r["cpu_ms_per_request"]) : "-") }.join(", ")
+            notes << format("%s knee of the server's CPU use (req/s x CPU per request, 95 %% of the highest): %s threads " \
+                            "(req/s knee %d); the advice's 99 %% point %s, its lowest-p99 count at %s %% load %s", label,
+                            s["knee_cpu"].inspect, s["knee"], a["knee_99"].inspect,
+                            a.dig("p99_threads", "load")&.then { |l| (l * 100).round }.inspect, a.dig("p99_threads", "threads").inspect)
           end
           next unless au
 
