@@ -98,6 +98,15 @@ module Serval
       Job.new(Float(interval), block).tap { |job| @jobs << job }
     end
 
+    # Once, seconds from the loop's next turn: an #every job that stops
+    # itself (#stop before it runs cancels it).
+    def after(seconds, &block)
+      job = every(seconds) do
+        job.stop
+        block.call
+      end
+    end
+
     # One #every job: its next run is set at the loop's first turn.
     Job = Struct.new(:interval, :block, :next_at, :stopped) do
       def stop = self.stopped = true
