@@ -145,8 +145,8 @@ class LeanProcessTest < Minitest::Test
     end)
   RUBY
 
-  def cluster_advice_server(gate, gated:, grace:)
-    spawn_server(["-b", "tcp://127.0.0.1:0", "-w", "2"],
+  def cluster_advice_server(gate, gated:, grace:, args: [])
+    spawn_server(["-b", "tcp://127.0.0.1:0", "-w", "2", *args],
                  files: { "config.ru" => APP, "config/serval.rb" => CLUSTER_ADVICE_CONFIG },
                  env: { "SERVAL_TEST_WINDOW_GATE" => gate.path, "SERVAL_TEST_GATED_WORKERS" => gated,
                         "SERVAL_TEST_GRACE" => grace.to_s }).boot
@@ -210,6 +210,33 @@ class LeanProcessTest < Minitest::Test
     refute_match(/advice failed|watch failed|periodic job failed/, server.stdout + server.stderr)
   ensure
     held&.each { |socket, _| socket.close }
+    gate&.close
+  end
+
+  # The control app's window (its own thread, waiting for the answers)
+  # while the loop's check is asking: it takes its turn on the channels
+  # and answers from both workers.
+  def test_the_control_apps_window_while_a_check_asks
+    gate = ModelGate.new
+    server = cluster_advice_server(gate, gated: "0,1", grace: 600,
+                                   args: ["--control-url", "unix://ctl.sock", "--control-token", "t"])
+    held = [gate.accept, gate.accept] # the check's ask, held
+    control = Thread.new do
+      socket = UNIXSocket.new(File.join(server.dir, "ctl.sock"))
+      socket.write("GET /window?token=t HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+      socket.read
+    ensure
+      socket&.close
+    end
+    held.each { |socket, _| gate.release(socket) }
+    passing = Thread.new { loop { gate.release(gate.accept.first) } } # every later ask passes
+    head, body = control.value.split("\r\n\r\n", 2)
+    assert_match(%r{\AHTTP/1\.1 200}, head, body)
+    window = JSON.parse(body)
+    assert_equal 2, window["processes"], body[0, 300]
+    assert_empty window["missing"]
+  ensure
+    passing&.kill
     gate&.close
   end
 

@@ -27,7 +27,8 @@ module Serval
   #   update_title           the process title
   # and may override forward(signal) (its workers), keep_listeners_for_exec,
   # process_label, and add on_<command> handlers of its own. Its loop also
-  # runs the periodic jobs (#every): #jobs_timeout bounds its wait and
+  # runs the periodic jobs (#every, and #after's one-shot ones: a
+  # deadline): #jobs_timeout bounds its wait and
   # #run_jobs runs what is due; and it waits on the IOs jobs hand it
   # (#watch): #watched_ios joins them to its IO.select and #run_watches
   # calls the block of each that is readable. So a job never waits: it
