@@ -113,13 +113,18 @@ module Serval
           deadline = now + timeout
           got = acquire(deadline) or return busy(handles)
 
+          deadline = [deadline, now + MIN_TIME].max if got == :waited
+          asking = begin
+            Asking.new(self, handles, next_id, command, deadline, **args)
+          rescue StandardError
+            release
+            raise
+          end
           begin
-            deadline = [deadline, now + MIN_TIME].max if got == :waited
-            asking = Asking.new(self, handles, next_id, command, deadline, **args)
             asking.read_until_done
             asking.result
           ensure
-            release
+            asking.cancel # frees the channels once: by now another ask may hold them
           end
         end
 
