@@ -162,14 +162,13 @@ class LeanProcessTest < Minitest::Test
     assert_operator unnamed.size, :<=, 2, comms.inspect
   end
 
-  # The check waits for the workers' windows (both held at the gate): the
+  # The check waits for the workers' windows (held at the gate): the
   # master runs no thread for it, its loop serves a signal (a thread dump),
   # the workers serve, and a stop is prompt.
   def test_a_cluster_advice_check_in_flight_adds_no_master_thread
     gate = ModelGate.new
     server = cluster_advice_server(gate, gated: "0,1", grace: 600)
-    held = [gate.accept, gate.accept] # both workers asked, neither answers yet
-    assert_equal 2, held.map(&:last).uniq.size
+    held = [gate.accept] # a worker asked (the first check may come before the other booted): the check waits for it
     assert_lean_master(server.pid)
     3.times { refute_equal server.pid, threads_of(server)[:pid] } # the workers serve
     server.signal(Serval::Signals::DUMP_SIGNAL)
@@ -195,9 +194,9 @@ class LeanProcessTest < Minitest::Test
     gate = ModelGate.new
     server = cluster_advice_server(gate, gated: "1", grace: 0.5)
     held = [gate.accept] # the first check asked worker 1
-    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 60
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 15
     until server.stdout.match?(/^advice: \d+ threads/)
-      flunk "no advice line in 60 s: #{server.stdout}" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      flunk "no advice line in 15 s: #{server.stdout}" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
       100.times { assert_equal 200, http(server.port, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout: 10).status }
     end
     held << gate.accept # a later check asked it again: the first was given up
@@ -220,7 +219,7 @@ class LeanProcessTest < Minitest::Test
     gate = ModelGate.new
     server = cluster_advice_server(gate, gated: "0,1", grace: 600,
                                    args: ["--control-url", "unix://ctl.sock", "--control-token", "t"])
-    held = [gate.accept, gate.accept] # the check's ask, held
+    held, = gate.accept # the check's ask, held
     control = Thread.new do
       socket = UNIXSocket.new(File.join(server.dir, "ctl.sock"))
       socket.write("GET /window?token=t HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
@@ -228,7 +227,7 @@ class LeanProcessTest < Minitest::Test
     ensure
       socket&.close
     end
-    held.each { |socket, _| gate.release(socket) }
+    gate.release(held)
     passing = Thread.new { loop { gate.release(gate.accept.first) } } # every later ask passes
     head, body = control.value.split("\r\n\r\n", 2)
     assert_match(%r{\AHTTP/1\.1 200}, head, body)

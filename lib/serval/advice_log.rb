@@ -20,7 +20,8 @@ module Serval
   # child process at nice 19 (Auto::ModelProcess), not in this one, where it
   # held the GVL from the request threads in single mode: in an open-loop
   # benchmark at half load, the check once a minute took p99 from 150 ms to
-  # 600 ms (bench/NOTES.md "The log line"). The child starts at the first check.
+  # 600 ms (bench/NOTES.md "The log line"). The child starts at the first
+  # check whose window has requests (an idle server starts none).
   #
   # With threads :auto the thread count is auto's decision, not the
   # advice's: the line then gives auto's current count and its model's
@@ -126,7 +127,7 @@ module Serval
 
     # The window handed to the child: the Request, or nil.
     private def submit(window)
-      return nil unless window
+      return nil unless window && window[:requests].to_i.positive? # nothing to advise on: no child
 
       # the machine's facts and the serving processes' memory: read in the child
       pids = Array(window[:per_process]).filter_map { |p| p[:pid] }
