@@ -219,6 +219,7 @@ class LeanProcessTest < Minitest::Test
     gate = ModelGate.new
     server = cluster_advice_server(gate, gated: "0,1", grace: 600,
                                    args: ["--control-url", "unix://ctl.sock", "--control-token", "t"])
+    server.wait_for(/\* Control app on unix:/)
     held, = gate.accept # the check's ask, held
     control = Thread.new do
       socket = UNIXSocket.new(File.join(server.dir, "ctl.sock"))
