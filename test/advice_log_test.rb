@@ -245,6 +245,21 @@ class AdviceLogTest < Minitest::Test
     log&.stop
   end
 
+  # No request yet (an idle server, or a cluster before its workers
+  # booted): nothing is handed to the child, which is not started.
+  def test_a_window_without_requests_starts_no_child
+    loop = Loop.new(AdviceWindows.window(1500).merge(requests: 0))
+    runner = Serval::Auto::ModelProcess.new(child: ModelGate::CHILD)
+    log = Serval::AdviceLog.new(loop, interval: 1.0, log_writer: @log, runner: runner).start
+    assert_nil log.tick
+    assert_empty loop.watches
+    assert_nil runner.instance_variable_get(:@pid), "no child"
+    loop.window = AdviceWindows.window(1500)
+    refute_nil log.tick, "the first window with requests starts it"
+  ensure
+    log&.stop
+  end
+
   # The child does not answer: the tick after its deadline gives it up
   # (logged once however often it happens), and starts the next check, which
   # works; a tick before the deadline leaves the check running.
