@@ -189,6 +189,77 @@ class AdviceLogTest < Minitest::Test
     log&.stop
   end
 
+  # A cluster master's loop: the window arrives later (Cluster#window_later),
+  # when the test hands it over, as the loop would once the workers answered.
+  class ClusterLoop < Loop
+    Asking = Struct.new(:block, :cancelled) do
+      def ended? = cancelled || block.nil?
+      def cancel = self.cancelled = true
+    end
+
+    attr_reader :asks
+
+    def initialize(window)
+      super
+      @asks = []
+    end
+
+    def options = { workers: 2 }
+    def window = raise("the loop never waits for the workers' windows")
+
+    def window_later(&block)
+      Asking.new(block).tap { |a| @asks << a }
+    end
+
+    # The workers answered: the block runs (on the loop) with the merged window.
+    def answer(asking)
+      block = asking.block
+      asking.block = nil
+      block.call(@window)
+    end
+  end
+
+  # Cluster mode: the tick asks the workers and returns at once; a tick
+  # while they answer is skipped; their window goes to the child and the
+  # line is logged when it answers. No thread.
+  def test_on_a_cluster_loop_the_window_is_asked_and_the_check_goes_on_when_it_comes
+    loop = ClusterLoop.new(AdviceWindows.window(1500).merge(per_process: [{ index: 0, pid: Process.pid, requests: 1500 }]))
+    log = log_for(loop, interval: 1.0).start
+    assert_nil loop.jobs.first.block.call, "the workers are asked; nothing for the child yet"
+    assert_equal 1, loop.asks.size
+    assert_empty loop.watches
+    loop.jobs.first.block.call
+    assert_equal 1, loop.asks.size, "asking still: this tick is skipped"
+    refute(Thread.list.any? { |t| t.name == "serval-advice" }, "no thread")
+    loop.answer(loop.asks.first)
+    assert_equal 1, loop.live.size, "the child's answer watched"
+    loop.finish
+    kind, line = @log.queue.pop
+    assert_equal :info, kind
+    assert_match(/\Aadvice: \d+ threads/, line)
+    loop.jobs.first.block.call
+    assert_equal 2, loop.asks.size, "the next check asks again"
+    log.stop
+    assert loop.asks.last.cancelled, "a stop ends the ask in progress"
+  ensure
+    log&.stop
+  end
+
+  # No request yet (an idle server, or a cluster before its workers
+  # booted): nothing is handed to the child, which is not started.
+  def test_a_window_without_requests_starts_no_child
+    loop = Loop.new(AdviceWindows.window(1500).merge(requests: 0))
+    runner = Serval::Auto::ModelProcess.new(child: ModelGate::CHILD)
+    log = Serval::AdviceLog.new(loop, interval: 1.0, log_writer: @log, runner: runner).start
+    assert_nil log.tick
+    assert_empty loop.watches
+    assert_nil runner.instance_variable_get(:@pid), "no child"
+    loop.window = AdviceWindows.window(1500)
+    refute_nil log.tick, "the first window with requests starts it"
+  ensure
+    log&.stop
+  end
+
   # The child does not answer: the tick after its deadline gives it up
   # (logged once however often it happens), and starts the next check, which
   # works; a tick before the deadline leaves the check running.

@@ -56,6 +56,60 @@ class CommandChannelTest < Minitest::Test
     release&.push("late")
   end
 
+  # Asker#start (the master's loop): the request is out at once, each
+  # answer is read when its channel is readable, never waiting; a worker
+  # that does not answer is missing once the deadline passed.
+  def test_an_ask_that_never_waits
+    release = Queue.new
+    ok, = worker(0, ask: ->(_r) { "fine" })
+    stuck, = worker(1, ask: ->(_r) { release.pop })
+    asker = Channel::Asker.new
+    asking = asker.start([ok, stuck], :ask, 60)
+    assert_equal [ok.control_io, stuck.control_io], asking.ios
+    ok.control_io.wait_readable(10)
+    refute asking.read(ok.control_io), "worker 1 has yet to answer"
+    assert_equal [stuck.control_io], asking.ios
+    refute asking.read(stuck.control_io), "nothing from it: read does not wait"
+    assert asking.done?(asking.deadline), "the deadline passed"
+    answers, missing = asking.result
+    assert_equal [{ index: 0, pid: 1000, result: "fine" }], answers
+    assert_equal [{ index: 1, pid: 1001, error: "no answer within 60.0s" }], missing
+    assert asking.ended?
+    refute_nil asker.start([ok], :ask, 60), "the channels are free again"
+  ensure
+    release&.push("late")
+  end
+
+  # A worker reaped meanwhile (the loop closed its channel): it is missing,
+  # and the ask ends without it.
+  def test_a_closed_channel_ends_the_ask
+    handle, = worker(0, ask: ->(_r) { Queue.new.pop })
+    asking = Channel::Asker.new.start([handle], :ask, 60)
+    handle.control_io.close
+    assert asking.done?
+    assert_equal [[], [{ index: 0, pid: 1000, error: "exited before answering" }]], asking.result
+  end
+
+  # One ask at a time: #start finds the channels busy (nil); #ask waits for
+  # the ask in progress to end, within its timeout, then asks.
+  def test_asks_take_turns
+    handle, = worker(0, ask: ->(_r) { "fine" })
+    asker = Channel::Asker.new
+    asking = asker.start([handle], :ask, 60)
+    ended = Queue.new
+    asking.on_end { ended << :ended }
+    assert_nil asker.start([handle], :ask, 60), "busy"
+    assert_equal [[], [{ index: 0, pid: 1000, error: "the command channels stayed busy" }]],
+                 asker.ask([handle], :ask, 0.05)
+    waiting = Thread.new { asker.ask([handle], :ask, 30) }
+    Thread.pass until waiting.status == "sleep" || !waiting.alive?
+    asking.cancel
+    assert_equal :ended, ended.pop
+    answers, missing = waiting.value
+    assert_empty missing
+    assert_equal ["fine"], answers.map { |a| a[:result] }
+  end
+
   def test_a_late_answer_is_dropped_by_the_next_request
     gate = Queue.new
     calls = 0

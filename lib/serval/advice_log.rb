@@ -20,7 +20,8 @@ module Serval
   # child process at nice 19 (Auto::ModelProcess), not in this one, where it
   # held the GVL from the request threads in single mode: in an open-loop
   # benchmark at half load, the check once a minute took p99 from 150 ms to
-  # 600 ms (bench/NOTES.md "The log line"). The child starts at the first check.
+  # 600 ms (bench/NOTES.md "The log line"). The child starts at the first
+  # check whose window has requests (an idle server starts none).
   #
   # With threads :auto the thread count is auto's decision, not the
   # advice's: the line then gives auto's current count and its model's
@@ -42,11 +43,15 @@ module Serval
   # the check in this process (it would hold the loop for the model's
   # time); the next check starts a new child.
   #
-  # The cluster master's window asks the workers and waits for their
-  # answers (Cluster#window, up to CommandChannel::GRACE): there the check
-  # runs on a thread ("serval-advice", priority -3) started for each check,
-  # which ends with it (the master serves no requests). A launcher without
-  # the loop gets a Ticker thread.
+  # The cluster master's check has one step more, which does not wait
+  # either: the tick asks every worker for its window (Cluster#window_later),
+  # the loop reads the answers as they come, and once every worker answered
+  # or failed, or CommandChannel::GRACE passed (a worker that does not
+  # answer is left out), it merges them and hands the window to the child.
+  # A check whose workers are still answering makes the next one skipped;
+  # a stop ends it (#stop). A launcher without the loop gets a Ticker
+  # thread ("serval-advice"), as does a runner that cannot take a request
+  # without waiting (a check on a thread of its own).
   class AdviceLog
     CHECK_SETTINGS = { sim_requests: 5000, load_requests: 5000 }.freeze
     BOOT_WAIT = 86_400
@@ -110,9 +115,24 @@ module Serval
         collect(now) # late: the answer if it is whole by now, else ModelProcessTimeout (logged)
         return nil if @request
       end
-      window = @launcher.window or return nil
-      # the machine's facts and the server's memory: read in the child
-      request = @runner.submit(:local_advice, window, pids: [Process.pid], load_points: [], precision: false, **@settings)
+      return nil if @asking && !@asking.ended? # the workers' answers are still coming (a cluster's)
+      return submit(@launcher.window) unless cluster?
+
+      # the merged window arrives on the loop (or at once: nobody to ask); nil: the control app is asking
+      @asking = @launcher.window_later { |window| submit(window) }
+      @request
+    rescue StandardError => e
+      failed(e)
+    end
+
+    # The window handed to the child: the Request, or nil.
+    private def submit(window)
+      return nil unless window && window[:requests].to_i.positive? # nothing to advise on: no child
+
+      # the machine's facts and the serving processes' memory: read in the child
+      pids = Array(window[:per_process]).filter_map { |p| p[:pid] }
+      request = @runner.submit(:local_advice, window, pids: pids.empty? ? [Process.pid] : pids, load_points: [],
+                                                      precision: false, **@settings)
       return nil unless request # busy with another call
 
       @request = request
@@ -177,6 +197,7 @@ module Serval
     # does): the child's pipe, which the loop watches, is closed here.
     def stop
       @job&.stop
+      @asking&.cancel
       @watch&.stop
       @ticker&.stop
       @runner&.stop if @runner.respond_to?(:stop)
@@ -186,12 +207,16 @@ module Serval
 
     private
 
-    # The check on the loop itself: where the launcher can watch IOs and
-    # its window is this process's (single mode; a cluster's waits for the
-    # workers) and the runner can take a request without waiting.
+    # The check on the loop itself: where the launcher can watch IOs, its
+    # window is this process's (single mode) or can be asked without
+    # waiting (a cluster's: #window_later), and the runner can take a
+    # request without waiting.
     def on_loop?
-      @launcher.respond_to?(:watch) && @runner.respond_to?(:submit) && @launcher.respond_to?(:options) &&
-        @launcher.options.fetch(:workers, 0).to_i.zero?
+      @launcher.respond_to?(:watch) && @runner.respond_to?(:submit) && (!cluster? || @launcher.respond_to?(:window_later))
+    end
+
+    def cluster?
+      @launcher.respond_to?(:options) && @launcher.options.fetch(:workers, 0).to_i.positive?
     end
 
     def failed(error)

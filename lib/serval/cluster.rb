@@ -66,12 +66,27 @@ module Serval
     # (Timing::Window.merge) with processes, per_process and missing.
     def window
       require "serval/timing"
-      answers, missing = ask_workers(:window, CommandChannel::GRACE)
+      merge_windows(*ask_workers(:window, CommandChannel::GRACE))
+    end
+
+    private def merge_windows(answers, missing)
       windows = answers.map { |a| a[:result] }.compact
       Timing::Window.merge(windows).merge(
         processes: windows.size, missing: missing,
         per_process: answers.map { |a| { index: a[:index], pid: a[:pid], requests: a[:result]&.fetch(:requests, 0) } }
       )
+    end
+
+    # The same window without waiting, from the loop (a job, Supervisor#every):
+    # every booted worker asked at once, each channel watched (Supervisor#watch),
+    # the answers read as the loop sees them. The block gets the merged window
+    # on the loop once every worker answered or failed, or `timeout` passed
+    # (Supervisor#after): the workers that did not answer are missing. Returns
+    # the Asking (#cancel ends it unanswered), or nil when the channels are
+    # busy with another ask (the control app's): no block then.
+    def window_later(timeout = CommandChannel::GRACE, &block)
+      require "serval/timing"
+      ask_workers_later(:window, timeout) { |answers, missing| block.call(merge_windows(answers, missing)) }
     end
 
     # What load balancers are told (Serval::Capacity), from the workers'
@@ -144,6 +159,24 @@ module Serval
     def ask_workers(command, timeout, **args)
       targets = @workers.values.select(&:booted?).sort_by(&:index) # a snapshot: this runs off the supervise loop
       @asker.ask(targets, command, timeout, **args)
+    end
+
+    # Asker#start on the loop: the block gets [answers, missing] once done.
+    def ask_workers_later(command, timeout, **args, &done)
+      targets = @workers.values.select(&:booted?).sort_by(&:index)
+      asking = @asker.start(targets, command, timeout, **args) or return nil
+      finish = -> { done.call(*asking.result) unless asking.ended? }
+      watches = asking.ios.map { |io| watch(io) { finish.call if asking.read(io) } }
+      timer = after([asking.deadline - now, 0.001].max) { finish.call }
+      asking.on_end do # its #result or #cancel
+        watches.each(&:stop)
+        timer.stop
+      end
+      finish.call if asking.done? # nobody to ask
+      asking
+    rescue StandardError
+      asking&.cancel
+      raise
     end
 
     def read_worker(handle)

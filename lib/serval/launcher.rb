@@ -161,6 +161,10 @@ module Serval
     # mode every worker's, merged, with per_process and missing workers.
     def window = @impl.window
 
+    # Cluster mode: the window without waiting (Cluster#window_later); the
+    # block runs on the supervising loop.
+    def window_later(...) = @impl.window_later(...)
+
     # Helpers of the supervising process (Supervisor) that a cluster worker
     # uses too.
     module Support

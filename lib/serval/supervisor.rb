@@ -27,7 +27,8 @@ module Serval
   #   update_title           the process title
   # and may override forward(signal) (its workers), keep_listeners_for_exec,
   # process_label, and add on_<command> handlers of its own. Its loop also
-  # runs the periodic jobs (#every): #jobs_timeout bounds its wait and
+  # runs the periodic jobs (#every, and #after's one-shot ones: a
+  # deadline): #jobs_timeout bounds its wait and
   # #run_jobs runs what is due; and it waits on the IOs jobs hand it
   # (#watch): #watched_ios joins them to its IO.select and #run_watches
   # calls the block of each that is readable. So a job never waits: it
@@ -96,6 +97,15 @@ module Serval
       raise ArgumentError, "interval must be > 0" unless interval.to_f.positive?
 
       Job.new(Float(interval), block).tap { |job| @jobs << job }
+    end
+
+    # Once, seconds from the loop's next turn: an #every job that stops
+    # itself (#stop before it runs cancels it).
+    def after(seconds, &block)
+      job = every(seconds) do
+        job.stop
+        block.call
+      end
     end
 
     # One #every job: its next run is set at the loop's first turn.
