@@ -236,6 +236,7 @@ class TimingWindowTest < Minitest::Test
     assert_equal 48, fit[:steps]
     assert_equal 3600, fit[:requests]
     assert_in_delta 3.0, fit[:inflight], 1e-9, "75 in a step x 0.01 s / 0.25 s"
+    assert_in_delta (0.02 + (0.0011 * 160)) / 0.25, fit[:busy_p90], 1e-9, "the busiest quarter's CPU, above its GVL held"
     refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps.first(W::CPU_FIT_MIN_STEPS - 1)]).key?(:cpu_fit),
            "fewer than #{W::CPU_FIT_MIN_STEPS} steps"
     refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps.map { |st| st.first(11) }]).key?(:cpu_fit),

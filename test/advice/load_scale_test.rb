@@ -27,7 +27,7 @@ class AdviceLoadScaleTest < Minitest::Test
   end
 
   # 250 req/s at 1.6 ms: 0.4 CPU a second, of which fixed 0.1 and 250 x 1.2 ms.
-  FIT = { fixed: 0.1, per_request: 0.0012, se: 0.00002, steps: 240 }.freeze
+  FIT = { fixed: 0.1, per_request: 0.0012, se: 0.00002, steps: 240, busy_p90: 0.5 }.freeze
 
   def adv(hash) = Serval::Advice::Window.new(hash)
   def charged(w) = w.unscaled_workload.mean_run * (1 + w.gvl_between + w.outside_cpu) * w.cpu_scale
@@ -52,10 +52,14 @@ class AdviceLoadScaleTest < Minitest::Test
     assert_in_delta adv(window(cpu_per_request: 0.0014)).workload.mean_run * w.load_scale, w.workload.mean_run, 1e-12
   end
 
+  # A saturated process's steps (the 70 % synthetic window at 3 threads,
+  # closed loop: busy_p90 high) read a large fixed CPU and a low cost per
+  # request: not believed (bench/NOTES.md, session 22 railscpu).
   def test_no_change_without_a_sound_fit
     plain = adv(window)
     [nil, FIT.merge(fixed: 0.005), FIT.merge(fixed: -0.05), FIT.merge(fixed: 0.95), FIT.merge(se: 0.0002),
-     FIT.merge(per_request: -0.001), FIT.merge(per_request: 0.0030), FIT.except(:se)].each do |fit|
+     FIT.merge(per_request: -0.001), FIT.merge(per_request: 0.0030), FIT.except(:se),
+     FIT.merge(busy_p90: 0.85), FIT.except(:busy_p90)].each do |fit|
       w = adv(window(cpu_fit: fit))
       assert_equal 1.0, w.load_scale, fit.inspect
       assert_equal plain.workload.mean_run, w.workload.mean_run, fit.inspect

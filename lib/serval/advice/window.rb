@@ -25,7 +25,7 @@ module Serval
     #     outside_cpu: 0.05,        # optional: the process's CPU beyond the GVL, per second held (tail_cpu)
     #     gvl_between: 0.03,        # optional: GVL held outside requests per second held in them (between_cpu)
     #     cpu_per_request: 0.0012,  # optional: the whole process's CPU per request over the window (cpu_scale)
-    #     cpu_fit: {fixed: 0.08, per_request: 0.0011, se: 0.00002, steps: 240}, # optional: the process's CPU
+    #     cpu_fit: {fixed: 0.08, per_request: 0.0011, se: 0.00002, steps: 240, busy_p90: 0.5}, # optional: the process's CPU
     #                               # per 0.25 s step regressed on the requests of the step (load_scale)
     #     idle_cpu_wait: 0.3,       # optional: share of the requests' idle time spent ready, waiting for a CPU
     #     idle_send_wait: 0.1,      # optional: GVL waits after preempted sends, the remote's, per second of idle
@@ -197,6 +197,7 @@ module Serval
       LOAD_FIT_ERROR = 0.1
       LOAD_FIXED_MIN = 0.01
       LOAD_SCALE_MIN = 0.5 # the factor is at least this: a fit that says more is not believed
+      LOAD_FIT_MAX_BUSY = 0.8 # the fit's steps' busy_p90 at most this: a process with headroom
 
       # The CPU a request costs once the process is saturated, from the
       # window's per-step fit (cpu_fit: cpu = fixed x seconds + per_request
@@ -205,7 +206,12 @@ module Serval
       # 3.2, an older server, a window whose steps all saw the same rate,
       # a standard error above LOAD_FIT_ERROR of per_request, a fixed part
       # below LOAD_FIXED_MIN (then cpu_per_request already is this cost)
-      # or at 90 % of a CPU or more.
+      # or at 90 % of a CPU or more, or steps near saturation (busy_p90
+      # above LOAD_FIT_MAX_BUSY, or not measured): a saturated process
+      # serves in a step what its CPU allows, so the step's requests follow
+      # their cost and the fit reads a CPU fixed at the busy share with a
+      # cost per request far too low - the regression needs the requests
+      # to come as they arrive.
       def saturated_cpu_per_request
         f = @cpu_fit
         return nil unless @gvl_split && f && @cpu_per_request
@@ -213,6 +219,7 @@ module Serval
         b = f[:per_request]
         a = f[:fixed]
         return nil unless b.positive? && f[:se] <= LOAD_FIT_ERROR * b && a >= LOAD_FIXED_MIN && a < 0.9
+        return nil unless f[:busy_p90] && f[:busy_p90] <= LOAD_FIT_MAX_BUSY
 
         b / (1.0 - a)
       end
@@ -334,7 +341,8 @@ module Serval
         raise ArgumentError, "cpu_fit is {fixed:, per_request:, se:, steps:}" unless f.is_a?(Hash) && f[:fixed] && f[:per_request]
 
         out = { fixed: Float(f[:fixed]), per_request: Float(f[:per_request]), se: Float(f[:se] || Float::INFINITY),
-                steps: Integer(f[:steps] || 0), inflight: f[:inflight] && Float(f[:inflight]) }
+                steps: Integer(f[:steps] || 0), inflight: f[:inflight] && Float(f[:inflight]),
+                busy_p90: f[:busy_p90] && Float(f[:busy_p90]) }
         unless out[:fixed].finite? && out[:per_request].finite? && !out[:se].nan? && out[:se] >= 0
           raise ArgumentError, "cpu_fit's figures must be finite (se >= 0)"
         end

@@ -219,7 +219,11 @@ module Serval
       # cpu_per_request = per_request + fixed / rate; at saturation the
       # requests have 1 - fixed of the CPU (Advice::Window#load_scale).
       # `se` is per_request's standard error; `inflight` the mean requests
-      # in flight over the steps (their wall time / the steps' length).
+      # in flight over the steps (their wall time / the steps' length);
+      # `busy_p90` the 90th percentile of the steps' busy share (the
+      # process's CPU or the GVL held, the larger, per second): near 1 the
+      # process was saturated and its requests per step followed their cost,
+      # not their arrivals, which the advice then does not fit on.
       # nil before CPU_FIT_MIN_STEPS steps that count requests (an older
       # build) or when every step saw as many requests (no spread to fit).
       def cpu_fit(steadiness, from)
@@ -231,8 +235,10 @@ module Serval
         y = steps.map { |st| Float(st[3]) }
         fit = least_squares(n, y) or return nil
         a, b, se = fit
+        busy = steps.map { |st| [Float(st[3]), Float(st[1])].max / step }.sort
         { fixed: (a / step).round(4), per_request: b.round(9), se: se.round(9), steps: steps.size,
-          requests: n.sum.to_i, inflight: (steps.sum { |st| Float(st[12]) } / (steps.size * step)).round(2) }
+          requests: n.sum.to_i, inflight: (steps.sum { |st| Float(st[12]) } / (steps.size * step)).round(2),
+          busy_p90: busy[(0.9 * (busy.size - 1)).round].round(4) }
       end
 
       # [intercept, slope, slope's standard error] of y on x; nil without
@@ -259,7 +265,7 @@ module Serval
         avg = ->(key) { windows.sum { |w| w[:cpu_fit][key].to_f * w[:requests].to_i } / weight }
         { fixed: avg.call(:fixed).round(4), per_request: avg.call(:per_request).round(9), se: avg.call(:se).round(9),
           steps: windows.sum { |w| w[:cpu_fit][:steps].to_i }, requests: windows.sum { |w| w[:cpu_fit][:requests].to_i },
-          inflight: avg.call(:inflight).round(2) }
+          inflight: avg.call(:inflight).round(2), busy_p90: windows.map { |w| w[:cpu_fit][:busy_p90].to_f }.max.round(4) }
       end
 
       # The GVL held outside any request (Serval's own work between requests:
