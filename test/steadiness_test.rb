@@ -63,13 +63,42 @@ class SteadinessTest < Minitest::Test
     held = steps.sum { |st| st[1] }
     assert_operator outside, :>=, 0.75 * held, steps.inspect
     assert_operator outside, :<=, 1.25 * held, steps.inspect
-    # 6th to 11th figures: the sampled in-request idle spans (none here: no
+    # 6th to 11th figures: the sampled in-request idle spans, 12th and 13th
+    # the requests that ended in the step and their wall time (none here: no
     # requests; test/cpu_wait_test.rb serves some)
-    assert(steps.all? { |st| st.size == 11 && st[5..].all?(&:zero?) }, steps.inspect)
+    assert(steps.all? { |st| st.size == 13 && st[5..].all?(&:zero?) }, steps.inspect)
   ensure
     Process.kill(:KILL, rival) if rival
     Process.wait(rival) if rival
     io&.close
+  end
+
+  # The 12th and 13th figures: requests that ended in the step (every one
+  # window.c records) and their wall time, for Timing::Window's cpu_fit.
+  def test_steps_count_the_requests_that_ended_in_them
+    reader, writer = IO.pipe
+    pid = fork do
+      reader.close
+      Serval::Native::GVL.enable
+      Serval::Timing.window_reset
+      sleep 0.05 until Serval::Native::GVL.steadiness[1].size >= 1 # the sampler runs
+      first = Serval::Native::GVL.steadiness[1].size
+      now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      5.times { Serval::Timing.window_record(now, [0.001, 0.002, 0.003, 0.0, 0.0, 0.02, nil], 1) }
+      sleep 0.05 until Serval::Native::GVL.steadiness[1].size >= first + 2 # a step ended after the five
+      steps = Serval::Native::GVL.steadiness[1]
+      writer.write(JSON.generate([steps.sum { |st| st[11] }, steps.sum { |st| st[12] }, steps.map(&:size).uniq]))
+      writer.close
+      exit!(0)
+    end
+    writer.close
+    done, wall, sizes = JSON.parse(reader.read)
+    assert_equal [13], sizes
+    assert_equal 5, done
+    assert_in_delta 0.1, wall, 1e-6
+    Process.wait(pid)
+  ensure
+    reader&.close
   end
 
   def test_no_steps_before_the_hook_is_enabled_in_a_forked_child

@@ -219,6 +219,39 @@ class TimingWindowTest < Minitest::Test
     assert_equal w[:cpu_per_request], Serval::Advice::Window.new(w).cpu_per_request
   end
 
+  # cpu_fit: the process's CPU per step regressed on the requests that ended
+  # in the step (steps' fields 11 and 12: requests, their wall time).
+  def test_cpu_fit_separates_the_fixed_cpu_from_the_cost_per_request
+    T.window_reset(START - 10)
+    100.times { |i| record(START + 1 + (i * 0.01)) }
+    steps = Array.new(48) do |i|
+      n = [0, 40, 100, 160][i % 4] # 0.02 CPU s a step (0.08 a second) + 1.1 ms per request
+      [START - 9.9 + (i * 0.25), 0.1, 0.1, 0.02 + (0.0011 * n), 0.0, 0.0, 0.0, 0, 0.0, 0.0, 0.0, n, n * 0.01]
+    end
+    w = W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps])
+    fit = w[:cpu_fit]
+    assert_in_delta 0.08, fit[:fixed], 1e-9
+    assert_in_delta 0.0011, fit[:per_request], 1e-12
+    assert_in_delta 0.0, fit[:se], 1e-9, "an exact line"
+    assert_equal 48, fit[:steps]
+    assert_equal 3600, fit[:requests]
+    assert_in_delta 3.0, fit[:inflight], 1e-9, "75 in a step x 0.01 s / 0.25 s"
+    assert_in_delta (0.02 + (0.0011 * 160)) / 0.25, fit[:busy_p90], 1e-9, "the busiest quarter's CPU, above its GVL held"
+    refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps.first(W::CPU_FIT_MIN_STEPS - 1)]).key?(:cpu_fit),
+           "fewer than #{W::CPU_FIT_MIN_STEPS} steps"
+    refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, steps.map { |st| st.first(11) }]).key?(:cpu_fit),
+           "steps without their requests (an older build)"
+    flat = steps.map { |st| st.dup.tap { |c| c[11] = 50 } }
+    refute W.read(now: START + 5, gvl_split: true, steadiness: [0.25, flat]).key?(:cpu_fit), "no spread in the requests"
+    refute W.read(now: START + 5, gvl_split: false, steadiness: [0.25, steps]).key?(:cpu_fit), "no hook"
+    other = w.merge(requests: w[:requests] * 3, cpu_fit: fit.merge(fixed: 0.0, per_request: 0.0015))
+    merged = W.merge([w, other])[:cpu_fit]
+    assert_in_delta 0.02, merged[:fixed], 1e-9, "weighted by requests"
+    assert_in_delta 0.0014, merged[:per_request], 1e-12
+    assert_equal 96, merged[:steps]
+    assert_equal fit[:per_request], Serval::Advice::Window.new(w).cpu_fit[:per_request]
+  end
+
   # gvl_between: the GVL held outside requests per second held in them, over
   # the window's busy steps.
   def test_gvl_between_from_busy_steps

@@ -40,6 +40,7 @@
 #include "serval_ruby.h"
 #include "steadiness.h"
 #include "gvl.h"
+#include "window.h"
 
 #ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK /* the GVL hook (gvl.c): Ruby 3.2+ */
 
@@ -54,6 +55,8 @@ typedef struct {
     uint64_t outside;                   /* GVL held outside requests, ns (finished slices) */
     uint64_t idle_wait[SV_IDLE_WAIT_FIGURES]; /* sampled in-request idle spans: run-queue wait, length (ns), count,
                                          * wait in sends, GVL waits after long sends (gvl.c) */
+    uint64_t done;                      /* requests that ended in the step (window.c) */
+    uint64_t wall;                      /* their wall time, ns: / step = requests in flight (Little) */
 } sv_steady_step;
 
 /* gvl.c's sampled sends (sv_gvl_sends) that ended in a step, beside
@@ -93,6 +96,8 @@ static void *sampler(void *arg)
     uint64_t next = mono_ns();
     uint64_t proc0 = proc_ns();
     uint64_t out0 = sv_gvl_outside_ns();
+    uint64_t done0, wall0, done1, wall1;
+    sv_win_totals(&done0, &wall0);
     uint64_t iw0[SV_IDLE_WAIT_FIGURES], iw1[SV_IDLE_WAIT_FIGURES];
     static uint64_t sd0[SV_SEND_FIGURES][SV_SEND_BINS], sd1[SV_SEND_FIGURES][SV_SEND_BINS];
     sv_gvl_idle_wait(iw0);
@@ -124,6 +129,7 @@ static void *sampler(void *arg)
         }
         uint64_t proc1 = proc_ns();
         uint64_t out1 = sv_gvl_outside_ns();
+        sv_win_totals(&done1, &wall1);
         sv_gvl_idle_wait(iw1);
         sv_gvl_sends(sd1);
         pthread_mutex_lock(&mu);
@@ -135,6 +141,10 @@ static void *sampler(void *arg)
         proc0 = proc1;
         s->outside = out1 >= out0 ? out1 - out0 : 0;
         out0 = out1;
+        s->done = done1 >= done0 ? done1 - done0 : 0;
+        s->wall = wall1 >= wall0 ? wall1 - wall0 : 0;
+        done0 = done1;
+        wall0 = wall1;
         for (int k = 0; k < SV_IDLE_WAIT_FIGURES; k++) {
             s->idle_wait[k] = iw1[k] >= iw0[k] ? iw1[k] - iw0[k] : 0;
             iw0[k] = iw1[k];
@@ -178,7 +188,7 @@ static void start(void)
 }
 
 /* Native::GVL.steadiness -> [step seconds, [[at, held, cpu, proc, outside,
- * idle_wait, idle_sampled, spans, send_wait, send_gvl, filed_gvl], ...] oldest first,
+ * idle_wait, idle_sampled, spans, send_wait, send_gvl, filed_gvl, requests, wall], ...] oldest first,
  * seconds; proc is the
  * whole process's CPU time in the step, outside the GVL time held outside
  * requests (part of held); gvl.c's sampled in-request idle spans that
@@ -186,7 +196,8 @@ static void start(void)
  * count, the part of that wait in sends whose answer was still out, the
  * GVL waits after those of them the link missed, the GVL waits the link
  * filed after sends whose answer had come (a read held up by its wait for
- * a CPU looks like an answer still out)],
+ * a CPU looks like an answer still out), the requests that ended in the
+ * step and their wall time summed (window.c)],
  * the last SV_STEADY_STEPS steps; no steps before Native::GVL.enable in
  * this process. */
 static VALUE steadiness(VALUE mod)
@@ -203,14 +214,15 @@ static VALUE steadiness(VALUE mod)
     VALUE steps = rb_ary_new_capa((long)(n - from));
     for (uint64_t k = from; k < n; k++) {
         sv_steady_step *s = &copy[k % SV_STEADY_STEPS];
-        rb_ary_push(steps, rb_ary_new_from_args(11, DBL2NUM(s->at), DBL2NUM((double)s->held / 1e9),
+        rb_ary_push(steps, rb_ary_new_from_args(13, DBL2NUM(s->at), DBL2NUM((double)s->held / 1e9),
                                                 DBL2NUM((double)s->cpu / 1e9), DBL2NUM((double)s->proc / 1e9),
                                                 DBL2NUM((double)s->outside / 1e9),
                                                 DBL2NUM((double)s->idle_wait[0] / 1e9),
                                                 DBL2NUM((double)s->idle_wait[1] / 1e9), ULL2NUM(s->idle_wait[2]),
                                                 DBL2NUM((double)s->idle_wait[3] / 1e9),
                                                 DBL2NUM((double)s->idle_wait[4] / 1e9),
-                                                DBL2NUM((double)s->idle_wait[5] / 1e9)));
+                                                DBL2NUM((double)s->idle_wait[5] / 1e9), ULL2NUM(s->done),
+                                                DBL2NUM((double)s->wall / 1e9)));
     }
     return rb_ary_new_from_args(2, DBL2NUM((double)SV_STEADY_STEP_NS / 1e9), steps);
 }

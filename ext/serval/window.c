@@ -49,6 +49,10 @@ typedef struct {
 } sv_win_bucket;
 
 static sv_win_bucket buckets[SV_WIN_BUCKETS];
+/* Every request recorded since the process started and their wall time
+ * (ns), never reset: steadiness.c's sampler reads them each step without
+ * the GVL (sv_win_totals), so they are written and read atomically. */
+static uint64_t done_total, wall_total_ns;
 static double started;            /* monotonic seconds of the last reset */
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 
@@ -126,6 +130,9 @@ static sv_win_bucket *bucket_at(double now)
  * the many requests that do not is never read. */
 void *sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods)
 {
+    __atomic_fetch_add(&done_total, 1, __ATOMIC_RELAXED);
+    if (!isnan(f[SV_WIN_WALL]) && f[SV_WIN_WALL] > 0)
+        __atomic_fetch_add(&wall_total_ns, (uint64_t)(f[SV_WIN_WALL] * 1e9), __ATOMIC_RELAXED);
     sv_win_bucket *b = bucket_at(now);
     if (!b)
         return NULL;
@@ -160,6 +167,12 @@ void *sv_win_record(double now, const double f[SV_WIN_FIG], long idle_periods)
     memcpy(b->res[j].f, f, sizeof(b->res[j].f));
     b->res[j].nseg = 0;
     return &b->res[j];
+}
+
+void sv_win_totals(uint64_t *done, uint64_t *wall_ns)
+{
+    *done = __atomic_load_n(&done_total, __ATOMIC_RELAXED);
+    *wall_ns = __atomic_load_n(&wall_total_ns, __ATOMIC_RELAXED);
 }
 
 /* The shape of the request sv_win_record just put in at entry (nseg spans). */

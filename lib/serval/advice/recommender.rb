@@ -67,6 +67,7 @@ module Serval
         @target = target_rps
         @stall_limit = stall_limit
         @cpu_scale = nil
+        @load_scale = nil
       end
 
       def call
@@ -105,6 +106,7 @@ module Serval
       def decide
         workload = lock_modelled(ruby31_corrected(@window.workload))
         cpu_scaled
+        load_scaled
         unless (workload.mean_run + workload.mean_io).positive?
           @warnings.unshift("the measured requests took no measurable time: nothing to model")
           return base.merge(summary: "advice: #{@warnings.first}")
@@ -142,6 +144,7 @@ module Serval
                       io_waits: workload.io_waits, samples: @window.measured, tail_cpu: workload.tail_cpu.round(6),
                       gvl_between: @window.gvl_between, between: workload.between.round(6),
                       cpu_per_request: @window.cpu_per_request&.round(9), cpu_scale: @cpu_scale&.round(4),
+                      cpu_fit: @window.cpu_fit&.compact, load_scale: @load_scale&.round(4),
                       idle_cpu_wait: @window.idle_cpu_wait, idle_send_wait: @window.idle_send_wait,
                       idle_send_hidden: @window.idle_send_hidden,
                       estimated_stall: @estimated_stall&.round(6) },
@@ -174,6 +177,23 @@ module Serval
                            "(run, GVL between requests, CPU beyond the GVL) exceeded the process's whole CPU " \
                            "per request over the window (%.3f ms); the rest was GVL held off a CPU",
                            k, @window.unscaled_workload.mean_run * 1e3, @window.cpu_per_request * 1e3)
+      end
+
+      # The run the model plays when the window's per-step fit says a
+      # request costs less CPU at saturation than over the window
+      # (Window#load_scale): say so (workload's load_scale: nil when not
+      # scaled).
+      def load_scaled
+        k = @window.load_scale
+        return unless k < 1.0
+
+        @load_scale = k
+        f = @window.cpu_fit
+        @reasons << format("run taken at a further %.2f: over %d steps of 0.25 s the process spent %.3f CPU " \
+                           "seconds a second whatever its rate and %.3f ms per request more, so a request " \
+                           "costs %.3f ms once the process is busy where the window's rate gave %.3f ms",
+                           k, f[:steps], f[:fixed], f[:per_request] * 1e3,
+                           @window.saturated_cpu_per_request * 1e3, @window.cpu_per_request * 1e3)
       end
 
       # The open-loop figures replay the CPU's measured dips; say how unsteady

@@ -25,6 +25,8 @@ module Serval
     #     outside_cpu: 0.05,        # optional: the process's CPU beyond the GVL, per second held (tail_cpu)
     #     gvl_between: 0.03,        # optional: GVL held outside requests per second held in them (between_cpu)
     #     cpu_per_request: 0.0012,  # optional: the whole process's CPU per request over the window (cpu_scale)
+    #     cpu_fit: {fixed: 0.08, per_request: 0.0011, se: 0.00002, steps: 240, busy_p90: 0.5}, # optional: the process's CPU
+    #                               # per 0.25 s step regressed on the requests of the step (load_scale)
     #     idle_cpu_wait: 0.3,       # optional: share of the requests' idle time spent ready, waiting for a CPU
     #     idle_send_wait: 0.1,      # optional: GVL waits after preempted sends, the remote's, per second of idle
     #     idle_send_hidden: 0.05,   # optional: the remote's time hidden in GVL waits (HiddenRemote) less the
@@ -77,7 +79,7 @@ module Serval
       attr_reader :route_samples
       attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms, :processes,
                   :handoff, :timeslice, :cpu_speed, :outside_cpu, :gvl_between, :idle_cpu_wait,
-                  :idle_send_wait, :idle_send_hidden, :cpu_per_request
+                  :idle_send_wait, :idle_send_hidden, :cpu_per_request, :cpu_fit
 
       def initialize(hash)
         h = symbolize(hash)
@@ -106,6 +108,7 @@ module Serval
         # no upper bound: over a window of a few requests the process's CPU (boot, GC) can exceed seconds a request
         raise ArgumentError, "cpu_per_request must be >= 0 and finite" if @cpu_per_request && !(@cpu_per_request >= 0 && @cpu_per_request.finite?)
         @cpu_per_request = nil if @cpu_per_request&.zero? # the sampler's ticks (10 ms) saw none: unknown, not free
+        @cpu_fit = fit_of(h[:cpu_fit])
         @idle_cpu_wait = h[:idle_cpu_wait] && Float(h[:idle_cpu_wait]) # share of idle spent ready, waiting for a CPU
         raise ArgumentError, "idle_cpu_wait must be in [0, 1)" if @idle_cpu_wait && !(@idle_cpu_wait >= 0 && @idle_cpu_wait < 1)
         @idle_send_wait = h[:idle_send_wait] && Float(h[:idle_send_wait]) # remote's time filed as stall, per idle
@@ -155,7 +158,7 @@ module Serval
 
       def workload(split: :equal)
         w = unscaled_workload(split: split)
-        k = cpu_scale(w)
+        k = cpu_scale(w) * load_scale(w)
         w = w.scale_run(k) if k < 1.0
         tail = tail_cpu(w)
         between = between_cpu(w)
@@ -187,6 +190,55 @@ module Serval
         return 1.0 unless charged > @cpu_per_request
 
         @cpu_per_request / charged
+      end
+
+      # The fit's standard error must be at most this share of per_request,
+      # and the fixed CPU at least LOAD_FIXED_MIN of a CPU, for load_scale.
+      LOAD_FIT_ERROR = 0.1
+      LOAD_FIXED_MIN = 0.01
+      LOAD_SCALE_MIN = 0.5 # the factor is at least this: a fit that says more is not believed
+      LOAD_FIT_MAX_BUSY = 0.8 # the fit's steps' busy_p90 at most this: a process with headroom
+
+      # The CPU a request costs once the process is saturated, from the
+      # window's per-step fit (cpu_fit: cpu = fixed x seconds + per_request
+      # x requests): per_request / (1 - fixed), the requests sharing what
+      # the fixed part leaves of the CPU. nil without a usable fit: Ruby <
+      # 3.2, an older server, a window whose steps all saw the same rate,
+      # a standard error above LOAD_FIT_ERROR of per_request, a fixed part
+      # below LOAD_FIXED_MIN (then cpu_per_request already is this cost)
+      # or at 90 % of a CPU or more, or steps near saturation (busy_p90
+      # above LOAD_FIT_MAX_BUSY, or not measured): a saturated process
+      # serves in a step what its CPU allows, so the step's requests follow
+      # their cost and the fit reads a CPU fixed at the busy share with a
+      # cost per request far too low - the regression needs the requests
+      # to come as they arrive.
+      def saturated_cpu_per_request
+        f = @cpu_fit
+        return nil unless @gvl_split && f && @cpu_per_request
+
+        b = f[:per_request]
+        a = f[:fixed]
+        return nil unless b.positive? && f[:se] <= LOAD_FIT_ERROR * b && a >= LOAD_FIXED_MIN && a < 0.9
+        return nil unless f[:busy_p90] && f[:busy_p90] <= LOAD_FIT_MAX_BUSY
+
+        b / (1.0 - a)
+      end
+
+      # The factor (<= 1) the requests' run is taken at, beyond cpu_scale,
+      # so that the model charges a request what it costs at saturation
+      # (saturated_cpu_per_request) rather than at the window's rate: a
+      # window recorded at part load spreads the process's fixed CPU
+      # (timers, idle wake-ups, a logger's flush) over fewer requests, and
+      # cpu_per_request, the cap cpu_scale applies, is that much above the
+      # cost a request has when the process is busy. 1.0 without a usable
+      # fit or when the charge (after cpu_scale) is within it.
+      def load_scale(workload = nil)
+        sat = saturated_cpu_per_request or return 1.0
+        w = workload || unscaled_workload
+        charged = w.mean_run * (1.0 + @gvl_between.to_f + @outside_cpu.to_f) * cpu_scale(w)
+        return 1.0 unless charged > sat
+
+        (sat / charged).clamp(LOAD_SCALE_MIN, 1.0)
       end
 
       # The requests as measured: no cpu_scale, no tail, no between.
@@ -282,6 +334,20 @@ module Serval
 
         k = Float(h[:sum]) / n / ours
         CALIBRATION_RANGE.cover?(k) ? [k, n] : nil
+      end
+
+      def fit_of(f)
+        return nil if f.nil?
+        raise ArgumentError, "cpu_fit is {fixed:, per_request:, se:, steps:}" unless f.is_a?(Hash) && f[:fixed] && f[:per_request]
+
+        out = { fixed: Float(f[:fixed]), per_request: Float(f[:per_request]), se: Float(f[:se] || Float::INFINITY),
+                steps: Integer(f[:steps] || 0), inflight: f[:inflight] && Float(f[:inflight]),
+                busy_p90: f[:busy_p90] && Float(f[:busy_p90]) }
+        unless out[:fixed].finite? && out[:per_request].finite? && !out[:se].nan? && out[:se] >= 0
+          raise ArgumentError, "cpu_fit's figures must be finite (se >= 0)"
+        end
+
+        out
       end
 
       def loaded_of(l)

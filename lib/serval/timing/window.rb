@@ -84,6 +84,8 @@ module Serval
         window[:gvl_between] = between if between
         per_request = gvl_split && steadiness && cpu_per_request(steadiness, from, seconds, requests)
         window[:cpu_per_request] = per_request if per_request
+        fit = gvl_split && steadiness && cpu_fit(steadiness, from)
+        window[:cpu_fit] = fit if fit
         sends = native ? native_sends(from) : nil if sends == :native # injected steps: their sends too
         waited = gvl_split && steadiness && idle_shares(steadiness, from, sends)
         window.merge!(waited) if waited
@@ -131,6 +133,8 @@ module Serval
 
           merged[key] = (have.sum { |w| w[key] * w[:requests].to_i } / have.sum { |w| w[:requests].to_i }).round(key == :cpu_per_request ? 9 : 4)
         end
+        fits = windows.select { |w| w[:cpu_fit] && w[:requests].to_i.positive? }
+        merged[:cpu_fit] = merge_fits(fits) if fits.any?
         speeds = windows.flat_map { |w| Array(w[:cpu_speed]) }
         merged[:cpu_speed] = speeds.last(SPEED_CAP) if speeds.any?
         slices = windows.filter_map { |w| w[:timeslice] }
@@ -202,6 +206,66 @@ module Serval
         return nil if steps.size * step < CPU_COVER * seconds
 
         (steps.sum { |st| st[3] } / requests).round(9)
+      end
+
+      CPU_FIT_MIN_STEPS = 40 # steps (10 s) with their requests counted, for cpu_fit
+
+      # The process's CPU in each step regressed on the requests that ended
+      # in it (least squares, ext/serval/steadiness.c's steps since `from`):
+      # cpu = fixed x step + per_request x requests. `fixed` (CPU seconds a
+      # second) is what the process spends whatever its rate - timers, the
+      # sampler, idle wake-ups, a logger's flush thread; `per_request` the
+      # CPU one more request adds. A window recorded at part load has
+      # cpu_per_request = per_request + fixed / rate; at saturation the
+      # requests have 1 - fixed of the CPU (Advice::Window#load_scale).
+      # `se` is per_request's standard error; `inflight` the mean requests
+      # in flight over the steps (their wall time / the steps' length);
+      # `busy_p90` the 90th percentile of the steps' busy share (the
+      # process's CPU or the GVL held, the larger, per second): near 1 the
+      # process was saturated and its requests per step followed their cost,
+      # not their arrivals, which the advice then does not fit on.
+      # nil before CPU_FIT_MIN_STEPS steps that count requests (an older
+      # build) or when every step saw as many requests (no spread to fit).
+      def cpu_fit(steadiness, from)
+        step, steps = steadiness
+        steps = steps.select { |st| st.size >= 13 && st[0] >= from }
+        return nil if steps.size < CPU_FIT_MIN_STEPS
+
+        n = steps.map { |st| Float(st[11]) }
+        y = steps.map { |st| Float(st[3]) }
+        fit = least_squares(n, y) or return nil
+        a, b, se = fit
+        busy = steps.map { |st| [Float(st[3]), Float(st[1])].max / step }.sort
+        { fixed: (a / step).round(4), per_request: b.round(9), se: se.round(9), steps: steps.size,
+          requests: n.sum.to_i, inflight: (steps.sum { |st| Float(st[12]) } / (steps.size * step)).round(2),
+          busy_p90: busy[(0.9 * (busy.size - 1)).round].round(4) }
+      end
+
+      # [intercept, slope, slope's standard error] of y on x; nil without
+      # spread in x or with fewer than 3 points.
+      def least_squares(x, y)
+        k = x.size
+        return nil if k < 3
+
+        mx = x.sum / k
+        my = y.sum / k
+        sxx = x.sum { |v| (v - mx)**2 }
+        return nil unless sxx.positive?
+
+        b = x.each_index.sum { |i| (x[i] - mx) * (y[i] - my) } / sxx
+        a = my - (b * mx)
+        rss = x.each_index.sum { |i| (y[i] - a - (b * x[i]))**2 }
+        [a, b, Math.sqrt(rss / (k - 2) / sxx)]
+      end
+
+      # Several processes' fits as one: each figure weighted by the
+      # process's requests (fixed is per process, as the advice sizes one).
+      def merge_fits(windows)
+        weight = windows.sum { |w| w[:requests].to_i }
+        avg = ->(key) { windows.sum { |w| w[:cpu_fit][key].to_f * w[:requests].to_i } / weight }
+        { fixed: avg.call(:fixed).round(4), per_request: avg.call(:per_request).round(9), se: avg.call(:se).round(9),
+          steps: windows.sum { |w| w[:cpu_fit][:steps].to_i }, requests: windows.sum { |w| w[:cpu_fit][:requests].to_i },
+          inflight: avg.call(:inflight).round(2), busy_p90: windows.map { |w| w[:cpu_fit][:busy_p90].to_f }.max.round(4) }
       end
 
       # The GVL held outside any request (Serval's own work between requests:
