@@ -99,13 +99,16 @@ module Serval
       input.close if input && input.is_a?(File)
     end
 
+    # The app's response itself is returned (serve takes its status and
+    # headers): no Array of its own per request.
     def respond(request, env)
-      status, headers, body = @app.call(env)
+      response = @app.call(env)
+      status, headers, body = response
       # respond: a plain Array body written in one call (:array), a full hijack (true: nothing to
       # write), else false: ResponseWriter takes the rest
       written = request.respond(status, headers, body)
       @writer.write(request, env, status, headers, body) unless written
-      [status, headers]
+      response
     ensure
       close_body(body) unless written == :array # a plain Array: nothing to close
     end
