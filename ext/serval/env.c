@@ -38,11 +38,19 @@
 static VALUE entries[SV_STRCACHE];
 static VALUE empty;
 
+/* The last value of each kind the env took (strcache_memo): a client's
+ * next request usually brings the same bytes, found without a hash. */
+enum { M_NAME, M_PORT, M_REMOTE, M_HOST, SV_MEMOS };
+static VALUE memos[SV_MEMOS];
+
 static void cache_mark(void *p)
 {
     for (int i = 0; i < SV_STRCACHE; i++)
         if (entries[i])
             rb_gc_mark(entries[i]);
+    for (int i = 0; i < SV_MEMOS; i++)
+        if (memos[i])
+            rb_gc_mark(memos[i]);
 }
 
 /* Not write-barrier protected: the GC marks it on every collection, so
@@ -88,6 +96,19 @@ VALUE sv_strcache_get(const char *p, size_t n)
         return s;
     s = frozen_new(p, n);
     *slot = s;
+    return s;
+}
+
+/* sv_strcache_get, the last value of kind m first (GVL held). */
+static VALUE strcache_memo(int m, const char *p, size_t n)
+{
+    if (n > SV_STRCACHE_LEN) /* never cached: a new String each time, as sv_strcache_get */
+        return sv_strcache_get(p, n);
+    VALUE s = memos[m];
+    if (s && (size_t)RSTRING_LEN(s) == n && memcmp(RSTRING_PTR(s), p, n) == 0)
+        return s;
+    s = sv_strcache_get(p, n);
+    memos[m] = s;
     return s;
 }
 
@@ -259,11 +280,23 @@ void sv_init_env(void)
     rb_gc_register_mark_object(holder);
 }
 
+/* Whether name (a field name: tchars, parser.c) is lower (a common name:
+ * a-z and '-') in any case. Eight bytes a step: OR 0x20 lowers a letter and
+ * keeps '-'; of the tchars only a letter's two cases give a letter, and
+ * only '-' gives '-' (CR, the other byte that does, is no tchar). */
 static int name_is(const char *name, size_t len, const char *lower, size_t llen)
 {
     if (len != llen)
         return 0;
-    for (size_t i = 0; i < len; i++)
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t a, b;
+        memcpy(&a, name + i, 8);
+        memcpy(&b, lower + i, 8);
+        if ((a | 0x2020202020202020ull) != b)
+            return 0;
+    }
+    for (; i < len; i++)
         if (lower_of[(unsigned char)name[i]] != (unsigned char)lower[i])
             return 0;
     return 1;
@@ -325,9 +358,9 @@ static void server_name(sv_conn *c, VALUE *name, VALUE *port)
         if (p)
             colon = (size_t)(p - h);
     }
-    *name = sv_strcache_get(h, colon);
+    *name = strcache_memo(M_NAME, h, colon);
     if (colon + 1 < n)
-        *port = sv_strcache_get(h + colon + 1, n - colon - 1);
+        *port = strcache_memo(M_PORT, h + colon + 1, n - colon - 1);
     else
         *port = c->tls ? v_443 : v_80;
 }
@@ -352,7 +385,7 @@ static VALUE remote_addr(const sv_conn *c, const sv_request *r)
             return sv_strcache_get(h->value, n);
         break;
     }
-    return sv_strcache_get(c->remote, strlen(c->remote));
+    return strcache_memo(M_REMOTE, c->remote, strlen(c->remote));
 }
 
 /* The pairs a request adds to its env's copy, put in by
@@ -563,7 +596,7 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE 
      * an HTTP/1.0 request without one has no HTTP_HOST */
     const sv_header *host = r->host_field >= 0 ? &r->headers[r->host_field] : NULL;
     v.has_host = host != NULL;
-    v.val[E_HOST] = host ? sv_strcache_get(host->value, host->value_len) : Qnil;
+    v.val[E_HOST] = host ? strcache_memo(M_HOST, host->value, host->value_len) : Qnil;
     v.val[E_HIJACK] = hijack;
     v.val[E_FINISHED] = *finished = rb_ary_new();
     v.val[E_AFTER] = *after = rb_ary_new();
