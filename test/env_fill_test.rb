@@ -71,6 +71,24 @@ class EnvFillTest < Minitest::Test
     end
   end
 
+  # Common names in any case find their key (they are matched eight bytes a
+  # step); a name one byte away from a common one gets its own.
+  def test_common_names_in_any_case
+    req = "GET / HTTP/1.1\r\nHost: h\r\nACCEPT-ENCODING: a\r\nuser-AGENT: u\r\nX-Forwarded-PROTO: p\r\n" \
+          "If-Modified-SINCE: i\r\ncontent-TYPE: t/t\r\nAccept.Encoding: dot\r\nX-Forwarded-Prot0: z\r\n" \
+          "user-agenT: v\r\nTE: te\r\n\r\n"
+    with_env_queue do |port, seen|
+      2.times do
+        assert_equal 200, http(port, req).status
+        env = seen.pop
+        assert_equal ["a", "u, v", "p", "i", "t/t", "dot", "z", "te"],
+                     env.values_at("HTTP_ACCEPT_ENCODING", "HTTP_USER_AGENT", "HTTP_X_FORWARDED_PROTO", "HTTP_IF_MODIFIED_SINCE",
+                                   "CONTENT_TYPE", "HTTP_ACCEPT.ENCODING", "HTTP_X_FORWARDED_PROT0", "HTTP_TE")
+        refute env.key?("HTTP_CONTENT_TYPE")
+      end
+    end
+  end
+
   # The most fields a request may carry (max_headers' ceiling, 256), all of
   # one name or all different: joined in order, or each under its key.
   def test_the_most_fields_of_one_name_or_all_different

@@ -38,11 +38,19 @@
 static VALUE entries[SV_STRCACHE];
 static VALUE empty;
 
+/* The last value of each kind the env took (strcache_memo): a client's
+ * next request usually brings the same bytes, found without a hash. */
+enum { M_NAME, M_PORT, M_REMOTE, M_HOST, SV_MEMOS };
+static VALUE memos[SV_MEMOS];
+
 static void cache_mark(void *p)
 {
     for (int i = 0; i < SV_STRCACHE; i++)
         if (entries[i])
             rb_gc_mark(entries[i]);
+    for (int i = 0; i < SV_MEMOS; i++)
+        if (memos[i])
+            rb_gc_mark(memos[i]);
 }
 
 /* Not write-barrier protected: the GC marks it on every collection, so
@@ -53,12 +61,20 @@ static const rb_data_type_t cache_type = {
     NULL, NULL, 0,
 };
 
+/* Eight bytes a step (the values are short: hosts, addresses, ports). */
 static uint32_t bytes_hash(const char *p, size_t n)
 {
-    uint32_t h = 2166136261u; /* FNV-1a */
+    uint64_t h = (uint64_t)n * 0x9E3779B97F4A7C15ull, w;
+    for (; n >= 8; p += 8, n -= 8) {
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+        h ^= h >> 29;
+    }
+    w = 0;
     for (size_t i = 0; i < n; i++)
-        h = (h ^ (unsigned char)p[i]) * 16777619u;
-    return h ^ (h >> 15);
+        w |= (uint64_t)(unsigned char)p[i] << (8 * i);
+    h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+    return (uint32_t)(h ^ (h >> 32));
 }
 
 static VALUE frozen_new(const char *p, size_t n)
@@ -80,6 +96,19 @@ VALUE sv_strcache_get(const char *p, size_t n)
         return s;
     s = frozen_new(p, n);
     *slot = s;
+    return s;
+}
+
+/* sv_strcache_get, the last value of kind m first (GVL held). */
+static VALUE strcache_memo(int m, const char *p, size_t n)
+{
+    if (n > SV_STRCACHE_LEN) /* never cached: a new String each time, as sv_strcache_get */
+        return sv_strcache_get(p, n);
+    VALUE s = memos[m];
+    if (s && (size_t)RSTRING_LEN(s) == n && memcmp(RSTRING_PTR(s), p, n) == 0)
+        return s;
+    s = sv_strcache_get(p, n);
+    memos[m] = s;
     return s;
 }
 
@@ -159,11 +188,17 @@ static const char *common_headers[] = {
     "cache-control", "referer", "origin", "authorization", "if-none-match",
     "if-modified-since", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host",
     "x-request-id", "x-request-start", "x-queue-start", "x-real-ip", "upgrade",
-    "sec-fetch-mode", "sec-fetch-site", "sec-fetch-dest", "pragma", "te", NULL,
+    "sec-fetch-mode", "sec-fetch-site", "sec-fetch-dest", "pragma", "te",
+    "content-type", "content-length", /* no HTTP_ prefix (sv_init_env) */ NULL,
 };
 #define SV_COMMON_MAX 32
 static VALUE common_keys[SV_COMMON_MAX];
 static size_t common_lens[SV_COMMON_MAX];
+static unsigned char lower_of[256]; /* ASCII letters to lower case, every other byte as it is */
+/* The common names by length (a name is compared only with those of its
+ * length), -1 ends each list. */
+#define SV_NAME_LEN_MAX 24
+static signed char by_len[SV_NAME_LEN_MAX + 1][8];
 
 static VALUE fstr(const char *s)
 {
@@ -223,38 +258,56 @@ void sv_init_env(void)
     re_list = rb_reg_new_str(rb_str_new_cstr("\\s*,\\s*"), 0);
     rb_obj_freeze(re_list);
     rb_gc_register_mark_object(re_list);
+    for (int c = 0; c < 256; c++)
+        lower_of[c] = (unsigned char)(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    memset(by_len, -1, sizeof(by_len));
     for (int i = 0; common_headers[i] && i < SV_COMMON_MAX; i++) {
         common_lens[i] = strlen(common_headers[i]);
-        common_keys[i] = header_key_build(common_headers[i], common_lens[i]);
+        if (strcmp(common_headers[i], "content-type") == 0)
+            common_keys[i] = k_ctype;
+        else if (strcmp(common_headers[i], "content-length") == 0)
+            common_keys[i] = k_clen;
+        else
+            common_keys[i] = header_key_build(common_headers[i], common_lens[i]);
         rb_gc_register_mark_object(common_keys[i]);
+        signed char *l = by_len[common_lens[i]];
+        while (*l >= 0)
+            l++;
+        if (l < by_len[common_lens[i]] + 7) /* room for the list's end */
+            *l = (signed char)i;
     }
     VALUE holder = TypedData_Wrap_Struct(0, &bases_type, bases);
     rb_gc_register_mark_object(holder);
 }
 
+/* Whether name (a field name: tchars, parser.c) is lower (a common name:
+ * a-z and '-') in any case. Eight bytes a step: OR 0x20 lowers a letter and
+ * keeps '-'; of the tchars only a letter's two cases give a letter, and
+ * only '-' gives '-' (CR, the other byte that does, is no tchar). */
 static int name_is(const char *name, size_t len, const char *lower, size_t llen)
 {
     if (len != llen)
         return 0;
-    for (size_t i = 0; i < len; i++) {
-        char ch = name[i];
-        if (ch >= 'A' && ch <= 'Z')
-            ch = (char)(ch - 'A' + 'a');
-        if (ch != lower[i])
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t a, b;
+        memcpy(&a, name + i, 8);
+        memcpy(&b, lower + i, 8);
+        if ((a | 0x2020202020202020ull) != b)
             return 0;
     }
+    for (; i < len; i++)
+        if (lower_of[(unsigned char)name[i]] != (unsigned char)lower[i])
+            return 0;
     return 1;
 }
 
 static VALUE header_key(const char *name, size_t len)
 {
-    for (int i = 0; common_headers[i]; i++)
-        if (name_is(name, len, common_headers[i], common_lens[i]))
-            return common_keys[i];
-    if (name_is(name, len, "content-type", 12))
-        return k_ctype;
-    if (name_is(name, len, "content-length", 14))
-        return k_clen;
+    if (len <= SV_NAME_LEN_MAX)
+        for (const signed char *i = by_len[len]; *i >= 0; i++)
+            if (name_is(name, len, common_headers[*i], common_lens[*i]))
+                return common_keys[*i];
     return header_key_build(name, len);
 }
 
@@ -305,9 +358,9 @@ static void server_name(sv_conn *c, VALUE *name, VALUE *port)
         if (p)
             colon = (size_t)(p - h);
     }
-    *name = sv_strcache_get(h, colon);
+    *name = strcache_memo(M_NAME, h, colon);
     if (colon + 1 < n)
-        *port = sv_strcache_get(h + colon + 1, n - colon - 1);
+        *port = strcache_memo(M_PORT, h + colon + 1, n - colon - 1);
     else
         *port = c->tls ? v_443 : v_80;
 }
@@ -332,19 +385,48 @@ static VALUE remote_addr(const sv_conn *c, const sv_request *r)
             return sv_strcache_get(h->value, n);
         break;
     }
-    return sv_strcache_get(c->remote, strlen(c->remote));
+    return strcache_memo(M_REMOTE, c->remote, strlen(c->remote));
 }
 
-/* Header fields into the env, in order: each key once (one hash of it), a
- * repeated field appended to the String the first one stored (joined by
- * ", ", Cookie by "; ", Content-Type: the first one kept). Repeats are found
- * by the key's address (the keys are interned Strings: one name, one
- * object) in an open-addressing table on the stack, twice the fields'
- * number of slots. A field's value replaces a template's value under the
- * same key. */
+/* The pairs a request adds to its env's copy, put in by
+ * rb_hash_bulk_insert: one call for all of them instead of one rb_hash_aset
+ * each (each pair still costs its key's hash; the call's fixed cost is one
+ * re-index of the copy). Hash#[]='s outcome (rb_hash_bulk_insert's
+ * contract): a key the copy holds keeps its place and takes the new value,
+ * a new key is added at the end, in the pairs' order. Held on the stack (the
+ * GC sees the VALUEs there); a request with more than SV_PAIRS pairs puts
+ * them in in more than one call. */
+#define SV_PAIRS 48
+typedef struct {
+    VALUE env;
+    long n;                  /* VALUEs in kv: two per pair */
+    VALUE kv[2 * SV_PAIRS];
+} env_pairs;
+
+static void pairs_flush(env_pairs *p)
+{
+    if (p->n > 0)
+        rb_hash_bulk_insert(p->n, p->kv, p->env);
+    p->n = 0;
+}
+
+static void pairs_put(env_pairs *p, VALUE key, VALUE val)
+{
+    if (p->n == 2 * SV_PAIRS)
+        pairs_flush(p);
+    p->kv[p->n++] = key;
+    p->kv[p->n++] = val;
+}
+
+/* Header fields into the env's pairs, in order: each key once, a repeated
+ * field appended to the String the first one put in (joined by ", ", Cookie
+ * by "; ", Content-Type: the first one kept). Repeats are found by the
+ * key's address (the keys are interned Strings: one name, one object) in an
+ * open-addressing table on the stack, twice the fields' number of slots. A
+ * field's value replaces a template's value under the same key. */
 typedef struct {
     VALUE key;
-    VALUE val; /* the String stored, or Qnil: nothing to append to */
+    VALUE val; /* the String put in, or Qnil: nothing to append to */
 } seen_field;
 
 static size_t seen_slot(VALUE key, size_t mask)
@@ -353,7 +435,7 @@ static size_t seen_slot(VALUE key, size_t mask)
     return (size_t)(x >> 40) & mask;
 }
 
-static void add_headers(VALUE env, const sv_request *r, const sv_header *host, int *upstream)
+static void add_headers(env_pairs *pairs, const sv_request *r, const sv_header *host, int *upstream)
 {
     size_t n = r->num_headers - (host ? 1 : 0);
     if (n == 0)
@@ -388,14 +470,14 @@ static void add_headers(VALUE env, const sv_request *r, const sv_header *host, i
              * app gets the one decimal value it validated */
             seen[j].val = Qnil;
             if (r->content_length >= 0)
-                rb_hash_aset(env, k_clen, rb_sprintf("%lld", (long long)r->content_length));
+                pairs_put(pairs, k_clen, rb_sprintf("%lld", (long long)r->content_length));
             continue;
         }
         if (key == k_xrs || key == k_xqs)
             *upstream = 1;
         VALUE val = bin(h->value, h->value_len);
         seen[j].val = key == k_ctype ? Qnil : val;
-        rb_hash_aset(env, key, val);
+        pairs_put(pairs, key, val);
     }
     if (seen != stack)
         xfree(seen);
@@ -407,20 +489,18 @@ typedef struct {
     int has_host, tls;
 } env_vals;
 
-/* The template's copy with the slots and the TLS keys set, one rb_hash_aset
- * each (a key the template lacks is added, in slot order). Without a Host
- * (HTTP/1.0) HTTP_HOST is taken out. */
-static VALUE env_plain(VALUE tmpl, const env_vals *v)
+/* The template's copy, with the slots and the TLS keys among its pairs (a
+ * key the template lacks is added, in slot order). */
+static VALUE env_plain(VALUE tmpl, const env_vals *v, env_pairs *pairs)
 {
     VALUE env = rb_hash_dup(tmpl);
+    pairs->env = env;
     for (int i = 0; i < E_SLOTS; i++)
         if (i != E_HOST || v->has_host)
-            rb_hash_aset(env, slot_keys[i], v->val[i]);
-    if (!v->has_host)
-        rb_hash_delete(env, slot_keys[E_HOST]);
+            pairs_put(pairs, slot_keys[i], v->val[i]);
     if (v->tls) {
-        rb_hash_aset(env, k_scheme, v_https);
-        rb_hash_aset(env, k_https, v_on);
+        pairs_put(pairs, k_scheme, v_https);
+        pairs_put(pairs, k_https, v_on);
     }
     return env;
 }
@@ -452,7 +532,7 @@ static VALUE base_build(VALUE tmpl, const env_vals *v)
     return base;
 }
 
-static VALUE env_from_bases(VALUE tmpl, const env_vals *v, VALUE empty_query)
+static VALUE env_from_bases(VALUE tmpl, const env_vals *v, VALUE empty_query, env_pairs *pairs)
 {
     const VALUE *x = v->val;
     uint64_t h = (uint64_t)tmpl ^ ((uint64_t)x[E_METHOD] << 1) ^ ((uint64_t)x[E_REMOTE] << 2) ^
@@ -483,10 +563,11 @@ static VALUE env_from_bases(VALUE tmpl, const env_vals *v, VALUE empty_query)
     if (base == Qfalse)
         return Qundef;
     VALUE env = rb_hash_dup(base);
+    pairs->env = env;
     for (int k = 0; k < SV_PER_REQUEST; k++) {
         int i = per_request[k];
         if (i != E_QUERY || x[i] != empty_query)
-            rb_hash_aset(env, slot_keys[i], x[i]);
+            pairs_put(pairs, slot_keys[i], x[i]);
     }
     RB_GC_GUARD(base);
     return env;
@@ -515,19 +596,24 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE 
      * an HTTP/1.0 request without one has no HTTP_HOST */
     const sv_header *host = r->host_field >= 0 ? &r->headers[r->host_field] : NULL;
     v.has_host = host != NULL;
-    v.val[E_HOST] = host ? sv_strcache_get(host->value, host->value_len) : Qnil;
+    v.val[E_HOST] = host ? strcache_memo(M_HOST, host->value, host->value_len) : Qnil;
     v.val[E_HIJACK] = hijack;
     v.val[E_FINISHED] = *finished = rb_ary_new();
     v.val[E_AFTER] = *after = rb_ary_new();
     v.tls = c->tls ? 1 : 0;
     VALUE env = Qundef;
+    env_pairs pairs;
+    pairs.n = 0;
     /* a base only for a frozen template (one that cannot change under it) */
     if (use_bases && host && RB_OBJ_FROZEN(tmpl))
-        env = env_from_bases(tmpl, &v, empty_query);
+        env = env_from_bases(tmpl, &v, empty_query, &pairs);
     if (env == Qundef)
-        env = env_plain(tmpl, &v);
+        env = env_plain(tmpl, &v, &pairs);
     *upstream = 0;
-    add_headers(env, r, host, upstream);
+    add_headers(&pairs, r, host, upstream);
+    pairs_flush(&pairs);
+    if (!host) /* HTTP/1.0 without a Host: no HTTP_HOST */
+        rb_hash_delete(env, slot_keys[E_HOST]);
     if (r->upgrade) { /* rack.protocol: the Upgrade field's tokens */
         VALUE up = rb_hash_lookup2(env, k_upgrade, Qnil);
         if (RB_TYPE_P(up, T_STRING))

@@ -67,12 +67,18 @@ module Serval
         env[RACK_INPUT] = input = make_input(body)
       end
       env[RACK_EARLY_HINTS] = EarlyHints.new(request) if @early_hints
-      status = headers = error = nil
+      status = headers = error = out = written = nil
       begin
         if @watchdog
           status, headers = @watchdog.interruptible { respond(request, env) }
-        else
-          status, headers = respond(request, env)
+        else # #respond's body, without a method call per request
+          begin
+            status, headers, out = @app.call(env)
+            written = request.respond(status, headers, out)
+            @writer.write(request, env, status, headers, out) unless written
+          ensure
+            close_body(out) unless written == :array
+          end
         end
       rescue ConnectionError => e
         error = e
@@ -99,13 +105,16 @@ module Serval
       input.close if input && input.is_a?(File)
     end
 
+    # The app's response itself is returned (serve takes its status and
+    # headers): no Array of its own per request.
     def respond(request, env)
-      status, headers, body = @app.call(env)
+      response = @app.call(env)
+      status, headers, body = response
       # respond: a plain Array body written in one call (:array), a full hijack (true: nothing to
       # write), else false: ResponseWriter takes the rest
       written = request.respond(status, headers, body)
       @writer.write(request, env, status, headers, body) unless written
-      [status, headers]
+      response
     ensure
       close_body(body) unless written == :array # a plain Array: nothing to close
     end

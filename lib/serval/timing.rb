@@ -71,8 +71,17 @@ module Serval
       end
 
       path = "#{env['SCRIPT_NAME']}#{env['PATH_INFO']}"
-      path = path.split("/", -1).map { |seg| ID_SEGMENT.match?(seg) ? ":id" : seg }.join("/")
+      path = path.split("/", -1).map { |seg| id_segment?(seg) ? ":id" : seg }.join("/")
       "#{method} #{path.empty? ? '/' : path}"[0, ROUTE_MAX]
+    end
+
+    # ID_SEGMENT matches only a segment that starts with a digit or is 16
+    # bytes or longer: the others (the empty one at a path's start, short
+    # words) skip the match (on Ruby 3.3 an empty String sets up the
+    # regexp's backtracking cache, thousands of instructions).
+    def self.id_segment?(seg)
+      first = seg.getbyte(0) or return false
+      (seg.bytesize >= 16 || (first >= 48 && first <= 57)) && ID_SEGMENT.match?(seg)
     end
 
     # X-Request-Start / X-Queue-Start as proxies send them: "t=" or not, in
