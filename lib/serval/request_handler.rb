@@ -67,18 +67,12 @@ module Serval
         env[RACK_INPUT] = input = make_input(body)
       end
       env[RACK_EARLY_HINTS] = EarlyHints.new(request) if @early_hints
-      status = headers = error = out = written = nil
+      status = headers = error = nil
       begin
         if @watchdog
           status, headers = @watchdog.interruptible { respond(request, env) }
-        else # #respond's body, without a method call per request
-          begin
-            status, headers, out = @app.call(env)
-            written = request.respond(status, headers, out)
-            @writer.write(request, env, status, headers, out) unless written
-          ensure
-            close_body(out) unless written == :array
-          end
+        else
+          status, headers = respond(request, env)
         end
       rescue ConnectionError => e
         error = e
