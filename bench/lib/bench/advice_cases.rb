@@ -31,6 +31,7 @@ module Bench
       def boot_timeout = ctx.boot_timeout
       # seconds of closed-loop load before a sweep point's measurement
       def sweep_warmup = workload.warmup
+      def window_warmup = 0 # s of load before the advice's window is counted
       # seconds of open-loop arrivals not counted on a fresh server
       def open_warmup = Integer(ENV.fetch("BENCH_ADVICE_OPEN_WARMUP", "2"))
 
@@ -174,6 +175,11 @@ module Bench
       # same requests warm run at ~105 (session 21, bench/NOTES.md). So
       # BENCH_ADVICE_RAILS_WARMUP (5) s closed loop, 10 s open loop.
       def sweep_warmup = Integer(ENV.fetch("BENCH_ADVICE_RAILS_WARMUP", "5"))
+      # The advice's window is a rolling minute: this much load first leaves
+      # only warm requests in it (a fresh process spent ~30 % more CPU a
+      # request for its first ~25 s: bench/NOTES.md "a per-step fit"), as a
+      # window from a server that has run a while. 0: the window starts cold.
+      def window_warmup = Integer(ENV.fetch("BENCH_ADVICE_RAILS_WINDOW_WARMUP", "90"))
       def open_warmup = Integer(ENV.fetch("BENCH_ADVICE_OPEN_WARMUP", "10"))
       def default_max_threads = 16
       def routes = [["/db", 60], ["/posts", 30], ["/slow?ms=80", 10]]

@@ -205,6 +205,10 @@ module Bench
         # stratified: the window samples iid requests, as a real app's does.
         # Each 5 s step starts 10^6 tags further on.
         base = (200 + rand(100_000)) * 10_000_000
+        if kase.window_warmup.positive?
+          target = kase.wrk_target(proc.port, base: base + 9_000_000)
+          Wrk.run(ctx, target[:url], duration: kase.window_warmup, connections: threads, **target[:opts])
+        end
         while seconds < window_max_seconds && counted(proc, control_port, token) < window_requests
           target = kase.wrk_target(proc.port, base: base + (seconds * 200_000))
           Wrk.run(ctx, target[:url], duration: 5, connections: threads, **target[:opts])
