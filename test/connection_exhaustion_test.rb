@@ -47,9 +47,17 @@ class ConnectionExhaustionTest < Minitest::Test
   def test_connections_in_the_app_are_not_evicted
     release = Queue.new
     started = Queue.new
-    app = lambda do |_env|
-      started << true
-      release.pop
+    # the fresh request has its own gate: a thread that finished a busy
+    # request may take the fresh one before the other busy one wakes, and
+    # must not take that one's token
+    fresh_gate = Queue.new
+    app = lambda do |env|
+      if env["PATH_INFO"] == "/fresh"
+        fresh_gate.pop
+      else
+        started << true
+        release.pop
+      end
       [200, { "content-type" => "text/plain" }, ["done"]]
     end
     with_server(app, max_connections: 2, max_threads: 2, min_threads: 2) do |server, port|
@@ -62,7 +70,7 @@ class ConnectionExhaustionTest < Minitest::Test
       assert fresh.silent_for?(0.5), "the fresh client was answered while both slots were in the app"
       2.times { release << true }
       busy.each { |c| assert_match(/done\z/, c.read_to_eof) }
-      release << true
+      fresh_gate << true
       assert_match(%r{\AHTTP/1.1 200 OK}, fresh.read_to_eof)
     ensure
       busy&.each(&:close)

@@ -62,6 +62,25 @@ class GVLBalanceTest < Minitest::Test
     end
   end
 
+  # A drain (a worker stopping or becoming the mold) gives an idle
+  # keep-alive connection a moment for its client's next request: the
+  # request threads stay for it, and it is answered with connection: close
+  # (before, the threads left at once and the request waited unanswered).
+  def test_a_drain_answers_the_next_request_of_an_idle_keep_alive_connection
+    with_server(HELLO, balance: true, min_threads: 2, max_threads: 2) do |server, port|
+      c = Client.new(port, timeout: 3)
+      assert_equal 200, c.write(GET).read_response.status
+      stopping = Thread.new { server.stop(5) }
+      # the threads had left by now without the connection's moment
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.1
+      Thread.pass while server.stats[:running] == 2 && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      r = c.write(GET).read_response
+      assert_equal [200, "close", "hello"], [r.status, r.field("connection"), r.body]
+      assert_equal :eof, c.wait_close
+      assert stopping.join(5), "the stop ends once the connection is closed"
+    end
+  end
+
   def test_hold_keeps_new_connections_waiting_until_released
     with_server(HELLO, balance: true, min_threads: 2, max_threads: 2) do |server, port|
       served = Client.new(port)

@@ -87,9 +87,12 @@ class ReforkTest < Minitest::Test
     fresh = stats["worker_status"].find { |w| w["index"] == 0 }["pid"].to_s
     # Which worker the kernel hands a connection to is its choice: worker 1
     # is stopped while these are sent, so worker 0 takes every one of them.
+    # kill(2) returns before the stop: a thread not yet stopped may still
+    # take a connection, so the requests wait until every thread is stopped.
     other = worker_pid(server, 1)
     Process.kill(:STOP, other)
     begin
+      wait_until_stopped(other)
       seen = 5.times.map { get_body(server.port).split }
     ensure
       Process.kill(:CONT, other)
@@ -154,6 +157,17 @@ class ReforkTest < Minitest::Test
     server.wait_for(/Refork 1 \(refork command\): worker 0 \(PID: \d+\) becomes the mold/, timeout: 10)
     server.wait_for(/Worker 1 \(PID: \d+\) stopped/, timeout: 10)
     server
+  end
+
+  def wait_until_stopped(pid, timeout: 10)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
+    loop do
+      states = Dir["/proc/#{pid}/task/*/stat"].map { |f| File.read(f)[/\) (\S)/, 1] }
+      return if !states.empty? && states.all?("T")
+
+      flunk "#{pid} not stopped within #{timeout}s (threads: #{states.join})" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      Thread.pass
+    end
   end
 
   def worker_pid(server, index)

@@ -309,9 +309,15 @@ typedef struct {
     int polling;         /* thread polls: waiting on the epoll (sv_polls_wait); set and cleared under core->mu */
 } wait_args;
 
+/* Draining, threads leave once the loop has seen the drain (accept_closed:
+ * it has marked the keep-alive connections it still waits on as partial,
+ * loop.c housekeeping), nothing is partial and the queue is empty. */
 static int nothing_more(sv_core *core)
 {
-    return core->stopping || (core->draining && atomic_load(&core->partial) == 0);
+    if (core->stopping)
+        return 1;
+    int seen = core->accept_closed || !core->started || core->joined;
+    return core->draining && seen && atomic_load(&core->partial) == 0;
 }
 
 static sv_conn *pop_locked(sv_core *core, double now)

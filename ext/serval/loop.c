@@ -595,7 +595,9 @@ void sv_loop_process_input(sv_conn *c)
         return;
     }
     if (c->in.len == 0) {
-        set_partial(c, 0);
+        /* draining in balance mode an idle connection stays partial until
+         * its moment ends (drain_idle) */
+        set_partial(c, atomic_load(&core->draining) && core->opt.balance);
         sv_conn_arm(c, EPOLLIN);
         return;
     }
@@ -972,6 +974,22 @@ static void take_stranded(sv_core *core)
             do_accept(core, &core->listeners[i]);
 }
 
+/* A drain begins. In balance mode an idle keep-alive connection gets a
+ * moment for a next request already on its way (conn_expired): it counts as
+ * partial until then, so the request threads stay to answer it. Without
+ * this a request arriving in that moment was queued after every thread had
+ * left, and its connection stayed open unanswered (in a mold, for good). */
+static void drain_idle(sv_core *core)
+{
+    if (!core->opt.balance)
+        return; /* the scan right after closes idle connections */
+    for (size_t i = 0; i < core->nconns; i++) {
+        sv_conn *c = core->conns[i];
+        if (atomic_load(&c->owner) == SV_OWN_LOOP && c->state == SV_ST_HEAD && c->in.len == 0)
+            set_partial(c, 1);
+    }
+}
+
 /* Draining, eviction, timeouts, balance: the loop thread's own work after
  * each round and each park. */
 static void housekeeping(sv_core *core)
@@ -982,9 +1000,11 @@ static void housekeeping(sv_core *core)
     if (draining && core->accepting >= 0) {
         listeners_register(core, 0);
         core->accepting = -1; /* never again */
+        drain_idle(core);
         pthread_mutex_lock(&core->mu);
         core->accept_closed = 1;
         pthread_cond_broadcast(&core->cv);
+        sv_wake_all(core); /* waiting threads may leave now (core.c nothing_more) */
         pthread_mutex_unlock(&core->mu);
     }
     double now = sv_now();
