@@ -31,15 +31,35 @@ module Serval
 
     attr_reader :reader
 
+    EARLY_MAX = 16
+
     class << self
       # Whether this process got SIGTERM (raise_exception_on_sigterm: the
       # CLI then ends the process by that signal, as Puma does).
       def term_received? = !!@term_received
 
       attr_writer :term_received
+
+      # A process forked from the one that installed the handlers (a worker
+      # before it installs its own, a child the app forks) runs them too:
+      # what they push is kept here, never written into the parent's pipe
+      # (a worker stopped as it booted stopped the master). #take_early
+      # hands it to the child's own Signals.
+      def early_push(command)
+        list = (@early ||= [])
+        list << command if list.size < EARLY_MAX
+        nil
+      end
+
+      def take_early
+        list = @early || []
+        @early = []
+        list
+      end
     end
 
     def initialize
+      @pid = Process.pid
       @reader, @writer = IO.pipe
       @old = {}
       @buffer = +""
@@ -61,8 +81,11 @@ module Serval
       self
     end
 
-    # Safe from trap handlers and any thread; never blocks.
+    # Safe from trap handlers and any thread; never blocks. In a forked
+    # child the command is kept for it (Signals.early_push).
     def push(command)
+      return Signals.early_push(command) unless Process.pid == @pid
+
       @writer.write_nonblock("#{command}\n", exception: false)
     rescue IOError, SystemCallError
       nil
@@ -87,6 +110,19 @@ module Serval
       names
     rescue IOError
       []
+    end
+
+    # Takes the commands Signals.take_early kept (signals that reached this
+    # process before #install) that the table's process acts on.
+    def replay_early(accepted)
+      Signals.take_early.each { |command| push(command) if accepted.include?(command) }
+    end
+
+    # In a forked child: closes the parent's pipe and leaves its handlers in
+    # place (they keep what they get for the child, #push) until the
+    # child's own #install replaces them; no moment of default handlers.
+    def detach
+      [@reader, @writer].each { |io| io.close unless io.closed? }
     end
 
     def restore

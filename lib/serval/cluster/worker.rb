@@ -38,13 +38,14 @@ module Serval
       end
 
       # In a process just forked (by the master or the mold): closes the
-      # parent's descriptors and signal pipe, runs a Worker and exits with
-      # its status.
+      # parent's descriptors and signal pipe (its handlers stay until the
+      # worker's replace them, Signals#detach), runs a Worker and exits
+      # with its status.
       def self.main(close_ios, signals, index:, log_writer:, **args)
         code = 1
         begin
           close_ios.each { |io| io.close unless io.closed? }
-          signals.close
+          signals.detach # the master's handlers keep what comes until #run installs the worker's
           code = new(index: index, log_writer: log_writer, **args).run
         rescue Exception => e # rubocop:disable Lint/RescueException
           log_writer.exception(e, "serval: worker #{index} failed")
@@ -68,6 +69,7 @@ module Serval
       # Returns the exit status.
       def run
         @signals.install(Signals::WORKER)
+        @signals.replay_early(Commands::WORKER) # a TERM that came as this worker started stops it
         ProcessTitle.worker(@index, @options[:tag], nil)
         run_hooks(:before_worker_boot, @index)
         start_server
