@@ -1,13 +1,13 @@
 #!/bin/bash
 # Rails CPU per request over a process life: examples/rails at 8 threads, wrk -c8 in 10 s segments (bench/NOTES.md "Session 24").
 # usage: CONF=<serval config> C=<checkout built for Ruby 3.3> bench/rails_drift.sh LABEL SEGMENTS
-# usage: run.sh LABEL SEGMENTS [extra serval args...]
+#   (extra arguments go to serval)
 # examples/rails on CPU 0 at 8 threads, wrk -c8 (mixed routes) on CPU 1 in 10 s segments;
 # prints per segment: req/s, CPU ms per request of the server process.
 set -u
 label=$1; segs=$2; shift 2
 export PATH=/var/cache/serval/ruby-3.3/bin:$PATH BUNDLE_VERSION=system
-C=${C:-/tmp/main33}
+C=${C:-$(cd "$(dirname "$0")/.." && pwd)}
 cd $C/examples/rails
 export BUNDLE_GEMFILE=$PWD/Gemfile RAILS_ENV=production SECRET_KEY_BASE=$(printf 'x%.0s' {1..64}) DB_POOL=16 RAILS_LOG_LEVEL=info
 unset RAILS_MAX_THREADS WEB_CONCURRENCY METRICS_BIND
