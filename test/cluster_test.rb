@@ -123,4 +123,35 @@ class ClusterTest < Minitest::Test
     launcher.stop
     assert_equal 0, thread.value
   end
+
+  # A signal that reaches a worker just forked, before it installs its own
+  # handlers, runs the master's inherited handler in the worker. It used to
+  # write into the master's signal pipe: a TERM for a worker starting (TTIN
+  # then TTOU, a phased restart) stopped the master. The worker now keeps it
+  # and acts on it itself. The first worker fork here TERMs itself at once.
+  def test_a_term_that_reaches_a_worker_as_it_starts_stops_that_worker_only
+    config = <<~RUBY
+      workers 2
+      threads 1, 1
+      bind "tcp://127.0.0.1:0"
+      worker_check_interval 0.2
+      Process.singleton_class.prepend(Module.new do
+        def _fork
+          pid = super
+          if pid.zero? && !File.exist?("termed")
+            File.write("termed", Process.pid.to_s)
+            Process.kill(:TERM, Process.pid) # the trap in place now is the master's
+          end
+          pid
+        end
+      end)
+    RUBY
+    server = spawn_server(["-C", "c.rb"], files: { "config.ru" => PID_APP, "c.rb" => config }).boot
+    termed = server.wait_for(/Worker \d \(PID: (\d+)\) booted/) && File.read(File.join(server.dir, "termed")).to_i
+    server.wait_for(/Worker \d \(PID: #{termed}\) exited/, stream: :err, timeout: 10)
+    server.wait_for_count(/Worker \d \(PID: \d+\) booted/, 3, timeout: 10) # the other one and its replacement
+    assert_equal 200, get(server.port).status
+    refute_match(/Gracefully stopping/, server.stdout, "the master went on")
+  end
+
 end
