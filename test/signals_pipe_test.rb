@@ -21,9 +21,9 @@ class SignalsPipeTest < Minitest::Test
     assert_equal [:stop], @signals.wait(5)
   end
 
-  def test_a_forked_child_keeps_what_its_inherited_handlers_get
+  def test_a_worker_forked_keeps_what_its_inherited_handlers_get
     reader, writer = IO.pipe
-    pid = fork do
+    pid = Serval::Signals.forking_worker { fork do
       reader.close
       @signals.detach
       Process.kill(:URG, Process.pid) # handled before or after the child's own install: either way its own
@@ -32,7 +32,7 @@ class SignalsPipeTest < Minitest::Test
       writer.write(mine.wait(5).inspect)
       writer.close
       exit!(0)
-    end
+    end }
     writer.close
     assert_equal "[:stop]", reader.read, "the child got its own stop"
     Process.wait(pid)
@@ -41,15 +41,28 @@ class SignalsPipeTest < Minitest::Test
     reader&.close
   end
 
-  def test_only_the_commands_the_child_acts_on_are_replayed
-    Serval::Signals.take_early
+  # A child the app forks ends on a stop, as Ruby's own TERM handler would
+  # have ended it, and its parent's pipe hears nothing.
+  def test_any_other_forked_child_ends_on_a_stop
     pid = fork do
+      Process.kill(:URG, Process.pid)
+      sleep 5
+      exit!(0)
+    end
+    Process.wait(pid)
+    assert_equal Signal.list["TERM"], $?.termsig, "ended as by TERM: #{$?.inspect}"
+    assert_equal [], @signals.wait(0.2), "nothing reached the parent's pipe"
+  end
+
+  def test_only_the_commands_the_worker_acts_on_are_replayed
+    Serval::Signals.take_early
+    pid = Serval::Signals.forking_worker { fork do
       @signals.detach
       %i[add_worker stop].each { |c| @signals.push(c) }
       mine = Serval::Signals.new
       mine.replay_early([:stop])
       exit!(mine.wait(1) == [:stop] ? 0 : 1)
-    end
+    end }
     Process.wait(pid)
     assert_predicate $?, :success?
   end

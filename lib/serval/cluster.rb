@@ -387,7 +387,7 @@ module Serval
       end
       pid = fork_from_mold(index, [status_w, control_w])
       generation = pid ? @generation : 0
-      pid ||= Process.fork { worker_main(index, status_w, control_w, [status_r, control_m, *others]) }
+      pid ||= Signals.forking_worker { Process.fork { worker_main(index, status_w, control_w, [status_r, control_m, *others]) } }
       status_w.close
       control_w.close
       @workers[index] = handle = WorkerHandle.new(pid: pid, index: index, phase: @phase, status_io: status_r,

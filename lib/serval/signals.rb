@@ -40,18 +40,42 @@ module Serval
 
       attr_writer :term_received
 
-      # A process forked from the one that installed the handlers (a worker
-      # before it installs its own, a child the app forks) runs them too:
-      # what they push is kept here, never written into the parent's pipe
-      # (a worker stopped as it booted stopped the master). #take_early
-      # hands it to the child's own Signals.
+      # True in a process forked by #forking_worker until it installs its
+      # own handlers.
+      attr_reader :worker_fork
+
+      # Around the fork of a worker: the child (and a mold's middle process)
+      # inherits the flag, so its inherited handlers keep what they get for
+      # the worker (#early_push) instead of acting on it.
+      def forking_worker
+        @worker_fork = true
+        yield
+      ensure
+        @worker_fork = false
+      end
+
+      # A process forked from the one that installed the handlers runs them
+      # too; nothing it gets is written into the parent's pipe (a worker
+      # stopped as it booted stopped the master). A worker to be keeps the
+      # command (#take_early hands it to its own Signals); any other child
+      # (one the app or a plugin forks) ends on a stop or halt, as Ruby's
+      # own handler would, and ignores the rest.
       def early_push(command)
+        unless @worker_fork
+          sig = { stop: "TERM", halt: "INT" }[command]
+          raise SignalException, sig if sig
+
+          return nil
+        end
         list = (@early ||= [])
         list << command if list.size < EARLY_MAX
         nil
       end
 
+      # The commands kept for this worker; from here on it is a worker with
+      # handlers of its own, and a child it forks is not one (#early_push).
       def take_early
+        @worker_fork = false
         list = @early || []
         @early = []
         list

@@ -164,12 +164,7 @@ module Serval
       def spawn(index, status_w, control_w)
         @options[:before_refork].each { |hook| hook.call(index) }
         reader, writer = IO.pipe
-        middle = Process.fork do
-          reader.close
-          pid = Process.fork { worker_main(index, status_w, control_w, writer) }
-          writer.write("#{pid}\n")
-          Process.exit!(0)
-        end
+        middle = Signals.forking_worker { Process.fork { spawn_middle(index, status_w, control_w, reader, writer) } }
         writer.close
         Process.wait(middle)
         pid = Integer(reader.read.to_s.strip)
@@ -179,6 +174,15 @@ module Serval
       ensure
         reader&.close
         writer&.close unless writer&.closed?
+      end
+
+      # The middle process: forks the worker, tells its pid, exits.
+      def spawn_middle(index, status_w, control_w, reader, writer)
+        reader.close
+        pid = Process.fork { worker_main(index, status_w, control_w, writer) }
+        writer.write("#{pid}\n")
+      ensure
+        Process.exit!(0)
       end
 
       def worker_main(index, status_w, control_w, writer)
