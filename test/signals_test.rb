@@ -217,4 +217,23 @@ class SignalsTest < Minitest::Test
     server.wait_for(/worker 0 \[\d+\] thread serval-worker/, stream: :err)
     server.wait_for(/worker 1 \[\d+\] thread/, stream: :err)
   end
+
+  # A process the app forks inherits Serval's trap handlers. A TERM sent to
+  # it used to write `stop` into the server's own signal pipe and stop the
+  # server; it now ends that child, as Ruby's handler would have.
+  def test_a_term_to_a_child_the_app_forked_ends_the_child_not_the_server
+    app = <<~'RUBY'
+      run lambda { |env|
+        pid = fork { sleep 30; exit!(0) }
+        Process.kill(:TERM, pid)
+        _, status = Process.wait2(pid)
+        [200, {"content-type" => "text/plain"}, ["child #{status.termsig}"]]
+      }
+    RUBY
+    server = spawn_server(["-b", "tcp://127.0.0.1:0", "-t", "1:1"], files: { "config.ru" => app }).boot
+    assert_equal "child #{Signal.list['TERM']}", get(server.port).body
+    assert_equal 200, get(server.port).status, "the server still serves"
+    refute_match(/Gracefully stopping/, server.stdout)
+  end
+
 end

@@ -58,13 +58,17 @@ module Serval
       # too; nothing it gets is written into the parent's pipe (a worker
       # stopped as it booted stopped the master). A worker to be keeps the
       # command (#take_early hands it to its own Signals); any other child
-      # (one the app or a plugin forks) ends on a stop or halt, as Ruby's
-      # own handler would, and ignores the rest.
+      # (one the app or a plugin forks) is ended by the signal's system
+      # default on a stop or halt, and ignores the rest. Not by raising:
+      # a child forked in a request thread would unwind through the copy
+      # of Serval's frames and answer the parent's client.
       def early_push(command)
         unless @worker_fork
           sig = { stop: "TERM", halt: "INT" }[command]
-          raise SignalException, sig if sig
+          return nil unless sig
 
+          Signal.trap(sig, "SYSTEM_DEFAULT")
+          Process.kill(sig, Process.pid)
           return nil
         end
         list = (@early ||= [])
