@@ -40,10 +40,6 @@ module Serval
 
       attr_writer :term_received
 
-      # True in a process forked by #forking_worker until it installs its
-      # own handlers.
-      attr_reader :worker_fork
-
       # Around the fork of a worker: the child (and a mold's middle process)
       # inherits the flag, so its inherited handlers keep what they get for
       # the worker (#early_push) instead of acting on it.
@@ -110,7 +106,7 @@ module Serval
     end
 
     # Safe from trap handlers and any thread; never blocks. In a forked
-    # child the command is kept for it (Signals.early_push).
+    # child it never reaches the parent's pipe (Signals.early_push).
     def push(command)
       return Signals.early_push(command) unless Process.pid == @pid
 
@@ -160,7 +156,7 @@ module Serval
 
     def close
       restore
-      [@reader, @writer].each { |io| io.close unless io.closed? }
+      detach
     end
   end
 end
