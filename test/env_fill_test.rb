@@ -50,6 +50,41 @@ class EnvFillTest < Minitest::Test
     prepared.each_slice(3) { |a, b, c| assert_equal [a, a], [b, c] }
   end
 
+  # A client's requests repeat the same field names with new values: from
+  # its second request on, the env is a copy of a base with every value of
+  # the request set in place (Native.env_base_copies counts them). A request
+  # with another set of names, or more than the bases' 32 fields, is built
+  # the plain way; the envs match the plain fill's in every case.
+  def test_a_base_copy_takes_every_value_of_its_request
+    shape = ->(i) { "GET /a#{i}?q=#{i} HTTP/1.1\r\nHost: h\r\nUser-Agent: ua#{i}\r\nCookie: c=#{i}\r\nCookie: d=#{i}\r\n\r\n" }
+    other = "GET /b HTTP/1.1\r\nHost: h\r\nUser-Agent: ua\r\nAccept: x\r\n\r\n"
+    many = "GET /m HTTP/1.1\r\nHost: h\r\n#{(1..33).map { |i| "X-M#{i}: #{i}\r\n" }.join}\r\n"
+    requests = (1..5).map(&shape) + [other, many, many, many, shape.call(6)]
+    envs = MODES.to_h do |mode|
+      Serval::Native.env_fill = mode
+      copies = []
+      list = with_env_queue do |port, seen|
+        requests.map do |req|
+          before = Serval::Native.env_base_copies
+          assert_equal 200, http(port, req).status
+          env = seen.pop
+          copies << Serval::Native.env_base_copies - before
+          env.map { |k, v| [k, k == "rack.hijack" ? v.class : v] } # a Request of each server
+        end
+      end
+      [mode, [list, copies]]
+    end
+    assert_equal [0, 1, 1, 1, 1, 0, 0, 0, 0, 1], envs[:prepared][1], "copies of a base, request by request"
+    assert_equal [0] * requests.size, envs[:plain][1]
+    assert_equal envs[:plain][0], envs[:prepared][0]
+    envs[:prepared][0].first(5).each_with_index do |pairs, k|
+      env = pairs.to_h
+      i = k + 1
+      assert_equal ["/a#{i}", "q=#{i}", "/a#{i}?q=#{i}", "ua#{i}", "c=#{i}; d=#{i}"],
+                   env.values_at("PATH_INFO", "QUERY_STRING", "REQUEST_URI", "HTTP_USER_AGENT", "HTTP_COOKIE")
+    end
+  end
+
   # What the fields give, pinned (the rest of the env: RackEnvTest).
   def test_unusual_and_repeated_fields
     with_env_queue do |port, seen|

@@ -142,14 +142,26 @@ static VALUE slot_keys[E_SLOTS];
  * with the GVL held; marked through a typed object that is not
  * write-barrier protected (entries are stored into it directly). */
 #define SV_BASES 32 /* a power of two */
+#define SV_PER_REQUEST 6       /* the slots a base leaves to each request (per_request) */
+#define SV_BASE_FIELDS 32      /* a request with more fields than this gets no base */
+#define SV_BASE_SETS (SV_PER_REQUEST + SV_BASE_FIELDS)
 typedef struct {
     VALUE tmpl;   /* the frozen template (kept alive: its address names it) */
     VALUE method, proto, remote, name, port, host;
     int tls;
+    int nfields;
+    VALUE fields[SV_BASE_FIELDS]; /* the keys of the request's fields, in order */
     VALUE base;   /* Qnil: values seen once, no base yet; Qfalse: the template does not fit; else the Hash */
+    /* where each request's values go in the base's copy: its nsets entries
+     * (counted in the table's order) at pos[], ascending, take value src[]
+     * (a per_request slot, then the fields in order) */
+    int nsets;
+    unsigned short pos[SV_BASE_SETS];
+    unsigned char src[SV_BASE_SETS];
 } env_base;
 static env_base bases[SV_BASES];
 static int use_bases = 1; /* Serval::Native.env_fill: :prepared (1) or :plain (0) */
+static unsigned long base_copies; /* envs made from a base (Serval::Native.env_base_copies, for the tests) */
 
 static void bases_mark(void *p)
 {
@@ -163,6 +175,8 @@ static void bases_mark(void *p)
         rb_gc_mark(e->name);
         rb_gc_mark(e->port);
         rb_gc_mark(e->host);
+        for (int i = 0; i < e->nfields; i++)
+            rb_gc_mark(e->fields[i]);
         rb_gc_mark(e->base);
     }
 }
@@ -388,7 +402,7 @@ static VALUE remote_addr(const sv_conn *c, const sv_request *r)
     return strcache_memo(M_REMOTE, c->remote, strlen(c->remote));
 }
 
-/* The pairs a request adds to its env's copy, put in by
+/* The pairs a request adds to its env's copy on the plain path, put in by
  * rb_hash_bulk_insert: one call for all of them instead of one rb_hash_aset
  * each (each pair still costs its key's hash; the call's fixed cost is one
  * re-index of the copy). Hash#[]='s outcome (rb_hash_bulk_insert's
@@ -418,6 +432,20 @@ static void pairs_put(env_pairs *p, VALUE key, VALUE val)
     p->kv[p->n++] = val;
 }
 
+/* A request's header fields as env pairs, in order (on the stack: the GC
+ * sees the VALUEs there). */
+typedef struct {
+    long n;                         /* pairs */
+    VALUE key[SV_HEADERS_CAP + 1];  /* + Content-Length's own */
+    VALUE val[SV_HEADERS_CAP + 1];
+} env_fields;
+
+static void fields_put(env_fields *f, VALUE key, VALUE val)
+{
+    f->key[f->n] = key;
+    f->val[f->n++] = val;
+}
+
 /* Header fields into the env's pairs, in order: each key once, a repeated
  * field appended to the String the first one put in (joined by ", ", Cookie
  * by "; ", Content-Type: the first one kept). Repeats are found by the
@@ -435,7 +463,7 @@ static size_t seen_slot(VALUE key, size_t mask)
     return (size_t)(x >> 40) & mask;
 }
 
-static void add_headers(env_pairs *pairs, const sv_request *r, const sv_header *host, int *upstream)
+static void add_headers(env_fields *fields, const sv_request *r, const sv_header *host, int *upstream)
 {
     size_t n = r->num_headers - (host ? 1 : 0);
     if (n == 0)
@@ -445,7 +473,7 @@ static void add_headers(env_pairs *pairs, const sv_request *r, const sv_header *
         size <<= 1;
     seen_field stack[64], *seen = size <= 64 ? stack : xmalloc(size * sizeof(seen_field));
     memset(seen, 0, size * sizeof(seen_field));
-    for (size_t i = 0; i < r->num_headers; i++) {
+    for (size_t i = 0; i < r->num_headers && fields->n <= SV_HEADERS_CAP; i++) {
         const sv_header *h = &r->headers[i];
         if (h == host) /* in its slot already */
             continue;
@@ -470,14 +498,14 @@ static void add_headers(env_pairs *pairs, const sv_request *r, const sv_header *
              * app gets the one decimal value it validated */
             seen[j].val = Qnil;
             if (r->content_length >= 0)
-                pairs_put(pairs, k_clen, rb_sprintf("%lld", (long long)r->content_length));
+                fields_put(fields, k_clen, rb_sprintf("%lld", (long long)r->content_length));
             continue;
         }
         if (key == k_xrs || key == k_xqs)
             *upstream = 1;
         VALUE val = bin(h->value, h->value_len);
         seen[j].val = key == k_ctype ? Qnil : val;
-        pairs_put(pairs, key, val);
+        fields_put(fields, key, val);
     }
     if (seen != stack)
         xfree(seen);
@@ -489,59 +517,162 @@ typedef struct {
     int has_host, tls;
 } env_vals;
 
-/* The template's copy, with the slots and the TLS keys among its pairs (a
- * key the template lacks is added, in slot order). */
-static VALUE env_plain(VALUE tmpl, const env_vals *v, env_pairs *pairs)
+/* The template's copy with the slots, the TLS keys and the fields put in (a
+ * key the template lacks is added, in that order). */
+static VALUE env_plain(VALUE tmpl, const env_vals *v, const env_fields *f)
 {
+    env_pairs pairs;
     VALUE env = rb_hash_dup(tmpl);
-    pairs->env = env;
+    pairs.env = env;
+    pairs.n = 0;
     for (int i = 0; i < E_SLOTS; i++)
         if (i != E_HOST || v->has_host)
-            pairs_put(pairs, slot_keys[i], v->val[i]);
+            pairs_put(&pairs, slot_keys[i], v->val[i]);
     if (v->tls) {
-        pairs_put(pairs, k_scheme, v_https);
-        pairs_put(pairs, k_https, v_on);
+        pairs_put(&pairs, k_scheme, v_https);
+        pairs_put(&pairs, k_https, v_on);
     }
+    for (long i = 0; i < f->n; i++)
+        pairs_put(&pairs, f->key[i], f->val[i]);
+    pairs_flush(&pairs);
     return env;
 }
 
 /* The slots a base leaves to each request: new objects every time. A base
- * holds QUERY_STRING's empty value; a request with a query sets its own. */
-static const int per_request[] = {E_PATH, E_QUERY, E_URI, E_HIJACK, E_FINISHED, E_AFTER};
-#define SV_PER_REQUEST ((int)(sizeof(per_request) / sizeof(per_request[0])))
+ * holds QUERY_STRING's empty value; every request sets its own. */
+static const int per_request[SV_PER_REQUEST] = {E_PATH, E_QUERY, E_URI, E_HIJACK, E_FINISHED, E_AFTER};
 
-/* A base for v's repeating values: the template's copy with those set, or
- * Qfalse when the template lacks a per-request key (its copy would then
- * add keys in another order than env_plain). */
-static VALUE base_build(VALUE tmpl, const env_vals *v)
+/* The key base e sets as its j-th value (e->src[j]). */
+static VALUE set_key(const env_base *e, int j)
+{
+    int s = e->src[j];
+    return s < SV_PER_REQUEST ? slot_keys[per_request[s]] : e->fields[s - SV_PER_REQUEST];
+}
+
+/* Where the values go in a base's copy (env_base's pos and src): each
+ * per-request slot and each field key, found among the base's entries in
+ * the table's order. */
+typedef struct {
+    env_base *e;
+    long pos; /* entries seen */
+} sets_map;
+
+static int map_entry(VALUE key, VALUE val, VALUE arg)
+{
+    (void)val;
+    sets_map *m = (sets_map *)arg;
+    env_base *e = m->e;
+    long pos = m->pos++;
+    int s = -1;
+    for (int k = 0; k < SV_PER_REQUEST && s < 0; k++)
+        if (key == slot_keys[per_request[k]])
+            s = k;
+    for (int k = 0; k < e->nfields && s < 0; k++)
+        if (key == e->fields[k])
+            s = SV_PER_REQUEST + k;
+    if (s < 0)
+        return ST_CONTINUE;
+    if (pos > 0xFFFF || e->nsets == SV_BASE_SETS) {
+        e->nsets = -1;
+        return ST_STOP;
+    }
+    e->pos[e->nsets] = (unsigned short)pos;
+    e->src[e->nsets++] = (unsigned char)s;
+    return ST_CONTINUE;
+}
+
+/* A base for v's repeating values and f's field keys: the template's copy
+ * with those set (the fields' values are the first request's: every copy
+ * sets its own), or Qfalse when the template lacks a per-request key (its
+ * copy would then add keys in another order than env_plain) or the places
+ * cannot be mapped. */
+static VALUE base_build(VALUE tmpl, const env_vals *v, const env_fields *f, env_base *e)
 {
     for (int k = 0; k < SV_PER_REQUEST; k++)
         if (rb_hash_lookup2(tmpl, slot_keys[per_request[k]], Qundef) == Qundef)
             return Qfalse;
     VALUE base = rb_hash_dup(tmpl);
-    for (int i = 0; i < E_SLOTS; i++) {
-        if (i == E_QUERY)
-            rb_hash_aset(base, slot_keys[i], v->val[i]);
-        else if (i != E_PATH && i != E_URI && i != E_HIJACK && i != E_FINISHED && i != E_AFTER)
-            rb_hash_aset(base, slot_keys[i], v->val[i]);
-    }
+    for (int i = 0; i < E_SLOTS; i++)
+        rb_hash_aset(base, slot_keys[i], v->val[i]);
     if (v->tls) {
         rb_hash_aset(base, k_scheme, v_https);
         rb_hash_aset(base, k_https, v_on);
     }
+    for (long i = 0; i < f->n; i++)
+        rb_hash_aset(base, f->key[i], f->val[i]);
+    e->nsets = 0;
+    sets_map m = {e, 0};
+    rb_hash_foreach(base, map_entry, (VALUE)&m);
+    if (e->nsets != SV_PER_REQUEST + e->nfields)
+        return Qfalse;
     return base;
 }
 
-static VALUE env_from_bases(VALUE tmpl, const env_vals *v, VALUE empty_query, env_pairs *pairs)
+/* Setting a copy's values where the base's map says, through the copy's
+ * table (RHASH_TBL and st_foreach_with_replace, Ruby's public C API): no
+ * key is hashed, as a copy keeps every entry's stored hash. Each entry set is
+ * checked to hold the key the map expects. RHASH_TBL leaves the copy
+ * without write-barrier protection, so the values need no barrier: the GC
+ * scans such an object whole. */
+typedef struct {
+    const env_base *e;
+    const VALUE *vals;
+    long pos;  /* entries seen */
+    int next;  /* the next of e's sets */
+    int ok;
+} sets_fill;
+
+static int fill_entry(st_data_t key, st_data_t val, st_data_t arg, int error)
+{
+    (void)val;
+    sets_fill *f = (sets_fill *)arg;
+    if (error) {
+        f->ok = 0;
+        return ST_STOP;
+    }
+    if (f->pos++ != f->e->pos[f->next])
+        return ST_CONTINUE;
+    if ((VALUE)key != set_key(f->e, f->next)) {
+        f->ok = 0;
+        return ST_STOP;
+    }
+    return ST_REPLACE;
+}
+
+static int fill_set(st_data_t *key, st_data_t *val, st_data_t arg, int existing)
+{
+    (void)key;
+    (void)existing;
+    sets_fill *f = (sets_fill *)arg;
+    *val = (st_data_t)f->vals[f->e->src[f->next]];
+    return ++f->next == f->e->nsets ? ST_STOP : ST_CONTINUE;
+}
+
+static int base_fill(VALUE env, const env_base *e, const VALUE *vals)
+{
+    sets_fill f = {e, vals, 0, 0, 1};
+    st_foreach_with_replace(RHASH_TBL(env), fill_entry, fill_set, (st_data_t)&f);
+    return f.ok && f.next == e->nsets;
+}
+
+static VALUE env_from_bases(VALUE tmpl, const env_vals *v, VALUE empty_query, const env_fields *f)
 {
     const VALUE *x = v->val;
+    if (f->n > SV_BASE_FIELDS)
+        return Qundef;
     uint64_t h = (uint64_t)tmpl ^ ((uint64_t)x[E_METHOD] << 1) ^ ((uint64_t)x[E_REMOTE] << 2) ^
                  ((uint64_t)x[E_NAME] << 3) ^ ((uint64_t)x[E_PORT] << 4) ^ ((uint64_t)x[E_HOST] << 5) ^
                  ((uint64_t)x[E_PROTO] << 6) ^ (uint64_t)v->tls;
+    for (long i = 0; i < f->n; i++)
+        h = (h ^ (uint64_t)f->key[i]) * 0x9E3779B97F4A7C15ull;
     h *= 0x9E3779B97F4A7C15ull;
     env_base *e = &bases[(h >> 40) & (SV_BASES - 1)];
-    if (e->tmpl != tmpl || e->method != x[E_METHOD] || e->proto != x[E_PROTO] || e->remote != x[E_REMOTE] ||
-        e->name != x[E_NAME] || e->port != x[E_PORT] || e->host != x[E_HOST] || e->tls != v->tls) {
+    int same = e->tmpl == tmpl && e->method == x[E_METHOD] && e->proto == x[E_PROTO] && e->remote == x[E_REMOTE] &&
+               e->name == x[E_NAME] && e->port == x[E_PORT] && e->host == x[E_HOST] && e->tls == v->tls &&
+               e->nfields == f->n;
+    for (long i = 0; same && i < f->n; i++)
+        same = e->fields[i] == f->key[i];
+    if (!same) {
         /* first sight of these values here: noted, built the plain way */
         e->tmpl = tmpl;
         e->method = x[E_METHOD];
@@ -551,25 +682,29 @@ static VALUE env_from_bases(VALUE tmpl, const env_vals *v, VALUE empty_query, en
         e->port = x[E_PORT];
         e->host = x[E_HOST];
         e->tls = v->tls;
+        e->nfields = (int)f->n;
+        memcpy(e->fields, f->key, (size_t)f->n * sizeof(VALUE));
         e->base = Qnil;
         return Qundef;
     }
     if (NIL_P(e->base)) {
         env_vals b = *v;
         b.val[E_QUERY] = empty_query;
-        e->base = base_build(tmpl, &b);
+        e->base = base_build(tmpl, &b, f, e);
     }
     VALUE base = e->base;
     if (base == Qfalse)
         return Qundef;
+    VALUE vals[SV_BASE_SETS];
+    for (int k = 0; k < SV_PER_REQUEST; k++)
+        vals[k] = x[per_request[k]];
+    for (long i = 0; i < f->n; i++)
+        vals[SV_PER_REQUEST + i] = f->val[i];
     VALUE env = rb_hash_dup(base);
-    pairs->env = env;
-    for (int k = 0; k < SV_PER_REQUEST; k++) {
-        int i = per_request[k];
-        if (i != E_QUERY || x[i] != empty_query)
-            pairs_put(pairs, slot_keys[i], x[i]);
-    }
     RB_GC_GUARD(base);
+    if (!base_fill(env, e, vals))
+        return Qundef;
+    base_copies++;
     return env;
 }
 
@@ -601,17 +736,16 @@ VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE 
     v.val[E_FINISHED] = *finished = rb_ary_new();
     v.val[E_AFTER] = *after = rb_ary_new();
     v.tls = c->tls ? 1 : 0;
+    env_fields fields;
+    fields.n = 0;
+    *upstream = 0;
+    add_headers(&fields, r, host, upstream);
     VALUE env = Qundef;
-    env_pairs pairs;
-    pairs.n = 0;
     /* a base only for a frozen template (one that cannot change under it) */
     if (use_bases && host && RB_OBJ_FROZEN(tmpl))
-        env = env_from_bases(tmpl, &v, empty_query, &pairs);
+        env = env_from_bases(tmpl, &v, empty_query, &fields);
     if (env == Qundef)
-        env = env_plain(tmpl, &v, &pairs);
-    *upstream = 0;
-    add_headers(&pairs, r, host, upstream);
-    pairs_flush(&pairs);
+        env = env_plain(tmpl, &v, &fields);
     if (!host) /* HTTP/1.0 without a Host: no HTTP_HOST */
         rb_hash_delete(env, slot_keys[E_HOST]);
     if (r->upgrade) { /* rack.protocol: the Upgrade field's tokens */
@@ -639,8 +773,15 @@ static VALUE env_fill_set(VALUE mod, VALUE mode)
     return env_fill_get(mod);
 }
 
+static VALUE env_base_copies(VALUE mod)
+{
+    (void)mod;
+    return ULONG2NUM(base_copies);
+}
+
 void sv_define_env_fill(VALUE mNative)
 {
+    rb_define_module_function(mNative, "env_base_copies", env_base_copies, 0);
     rb_define_module_function(mNative, "env_fill", env_fill_get, 0);
     rb_define_module_function(mNative, "env_fill=", env_fill_set, 1);
 }
