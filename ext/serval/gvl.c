@@ -182,6 +182,7 @@ static _Atomic uint64_t rq_spans;      /* how many */
 static _Atomic uint64_t rq_send_cw;    /* of the wait, what fell in sends whose answer was still out, ns */
 static _Atomic uint64_t rq_send_wait;  /* GVL waits after sampled sends the link missed (long: preempted), ns */
 static _Atomic uint64_t rq_filed_wait; /* GVL waits the link filed after sampled sends whose answer was in, ns */
+static _Atomic uint64_t rq_filed_out;  /* GVL waits the link filed after sampled sends whose answer was still out, ns */
 static _Atomic uint64_t send_n[2][SV_SEND_BINS]; /* sampled sends by send_bin: [0] answer still out, [1] already in */
 static _Atomic uint64_t send_t[SV_SEND_BINS];    /* their times from the send to the answer's read, ns */
 static __thread int rq_fd = -1;        /* this native thread's schedstat; -2: unreadable */
@@ -321,6 +322,8 @@ static void link_step(sv_gvl_slot *s, int next, uint64_t dt)
             if (!out && dt >= SV_LINK_IN_NS && s->rq_send == 1) /* long only for its wait for a CPU: filed below */
                 atomic_fetch_add_explicit(&rq_filed_wait, s->link_wait, memory_order_relaxed);
             atomic_fetch_add_explicit(&send_t[b], t, memory_order_relaxed);
+            if (out && s->rq_send == 1) /* filed below: idle the histograms count and the sampled spans do not */
+                atomic_fetch_add_explicit(&rq_filed_out, s->link_wait, memory_order_relaxed);
             if (out) {
                 atomic_fetch_add_explicit(&rq_send_cw, s->rq_send_cw, memory_order_relaxed);
                 if (s->rq_send == 2)
@@ -624,6 +627,7 @@ void sv_gvl_idle_wait(uint64_t out[SV_IDLE_WAIT_FIGURES])
     out[3] = atomic_load_explicit(&rq_send_cw, memory_order_relaxed);
     out[4] = atomic_load_explicit(&rq_send_wait, memory_order_relaxed);
     out[5] = atomic_load_explicit(&rq_filed_wait, memory_order_relaxed);
+    out[6] = atomic_load_explicit(&rq_filed_out, memory_order_relaxed);
 }
 
 /* The sampled sends so far by send_bin: how many found the answer still

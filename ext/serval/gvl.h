@@ -24,7 +24,7 @@ int sv_gvl_probe(int i, uint32_t *claim, uint64_t *held, uint64_t *cpu);
 uint64_t sv_gvl_outside_ns(void);
 /* gvl.c's sampled idle spans: run-queue wait, length, count, wait in sends, waits after long sends,
  * waits filed after answered sends */
-#define SV_IDLE_WAIT_FIGURES 6
+#define SV_IDLE_WAIT_FIGURES 7
 void sv_gvl_idle_wait(uint64_t out[SV_IDLE_WAIT_FIGURES]);
 /* gvl.c's sampled sends by the time to their answer's read: half-octave bins from 4 us */
 #define SV_SEND_BINS 40

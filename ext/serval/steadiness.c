@@ -54,7 +54,8 @@ typedef struct {
     uint64_t proc;                      /* the whole process's CPU time, ns (every thread: the loop too) */
     uint64_t outside;                   /* GVL held outside requests, ns (finished slices) */
     uint64_t idle_wait[SV_IDLE_WAIT_FIGURES]; /* sampled in-request idle spans: run-queue wait, length (ns), count,
-                                         * wait in sends, GVL waits after long sends (gvl.c) */
+                                         * wait in sends, GVL waits after long sends, waits the link
+                                         * filed after sends answered / still out (gvl.c) */
     uint64_t done;                      /* requests that ended in the step (window.c) */
     uint64_t wall;                      /* their wall time, ns: / step = requests in flight (Little) */
 } sv_steady_step;
@@ -188,7 +189,7 @@ static void start(void)
 }
 
 /* Native::GVL.steadiness -> [step seconds, [[at, held, cpu, proc, outside,
- * idle_wait, idle_sampled, spans, send_wait, send_gvl, filed_gvl, requests, wall], ...] oldest first,
+ * idle_wait, idle_sampled, spans, send_wait, send_gvl, filed_gvl, requests, wall, filed_out], ...] oldest first,
  * seconds; proc is the
  * whole process's CPU time in the step, outside the GVL time held outside
  * requests (part of held); gvl.c's sampled in-request idle spans that
@@ -197,7 +198,8 @@ static void start(void)
  * GVL waits after those of them the link missed, the GVL waits the link
  * filed after sends whose answer had come (a read held up by its wait for
  * a CPU looks like an answer still out), the requests that ended in the
- * step and their wall time summed (window.c)],
+ * step and their wall time summed (window.c), and the GVL waits the link
+ * filed after sampled sends whose answer was still out],
  * the last SV_STEADY_STEPS steps; no steps before Native::GVL.enable in
  * this process. */
 static VALUE steadiness(VALUE mod)
@@ -214,7 +216,7 @@ static VALUE steadiness(VALUE mod)
     VALUE steps = rb_ary_new_capa((long)(n - from));
     for (uint64_t k = from; k < n; k++) {
         sv_steady_step *s = &copy[k % SV_STEADY_STEPS];
-        rb_ary_push(steps, rb_ary_new_from_args(13, DBL2NUM(s->at), DBL2NUM((double)s->held / 1e9),
+        rb_ary_push(steps, rb_ary_new_from_args(14, DBL2NUM(s->at), DBL2NUM((double)s->held / 1e9),
                                                 DBL2NUM((double)s->cpu / 1e9), DBL2NUM((double)s->proc / 1e9),
                                                 DBL2NUM((double)s->outside / 1e9),
                                                 DBL2NUM((double)s->idle_wait[0] / 1e9),
@@ -222,7 +224,8 @@ static VALUE steadiness(VALUE mod)
                                                 DBL2NUM((double)s->idle_wait[3] / 1e9),
                                                 DBL2NUM((double)s->idle_wait[4] / 1e9),
                                                 DBL2NUM((double)s->idle_wait[5] / 1e9), ULL2NUM(s->done),
-                                                DBL2NUM((double)s->wall / 1e9)));
+                                                DBL2NUM((double)s->wall / 1e9),
+                                                DBL2NUM((double)s->idle_wait[6] / 1e9)));
     }
     return rb_ary_new_from_args(2, DBL2NUM((double)SV_STEADY_STEP_NS / 1e9), steps);
 }

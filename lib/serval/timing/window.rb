@@ -297,12 +297,19 @@ module Serval
       # GVL waits during which the answer came (Advice::HiddenRemote), per
       # second of sampled idle. { idle_cpu_wait:, idle_send_wait:,
       # idle_send_hidden: } or nil before IDLE_CPU_WAIT_MIN_SPANS spans.
+      #
+      # Sampled idle is what the histograms' idle holds for the sampled
+      # spans: the spans themselves and the GVL waits the link filed into
+      # idle after the sampled sends among them (figures 11 and 14), which
+      # no span's length includes. Per second of the spans alone, the shares
+      # would scale the filed waits too when the model multiplies the idle:
+      # the more threads contend, the more I/O it would read.
       def idle_shares(steadiness, from, sends = nil)
         _step, steps = steadiness
         steps = steps.select { |st| st.size >= 8 && st[0] >= from }
         return nil if steps.sum { |st| st[7] } < IDLE_CPU_WAIT_MIN_SPANS
 
-        spanned = steps.sum { |st| st[6] }
+        spanned = steps.sum { |st| st[6] + (st[10] || 0.0) + (st[13] || 0.0) }
         return nil unless spanned.positive?
 
         in_sends = steps.sum { |st| st[8] || 0.0 }
