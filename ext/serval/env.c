@@ -582,8 +582,8 @@ static int map_entry(VALUE key, VALUE val, VALUE arg)
 }
 
 /* A base for v's repeating values and f's field keys: the template's copy
- * with those set (the fields' values are the first request's: every copy
- * sets its own), or Qfalse when the template lacks a per-request key (its
+ * with those set (the fields' values are the first request's Strings, which
+ * every copy replaces), or Qfalse when the template lacks a per-request key (its
  * copy would then add keys in another order than env_plain) or the places
  * cannot be mapped. */
 static VALUE base_build(VALUE tmpl, const env_vals *v, const env_fields *f, env_base *e)
@@ -592,8 +592,11 @@ static VALUE base_build(VALUE tmpl, const env_vals *v, const env_fields *f, env_
         if (rb_hash_lookup2(tmpl, slot_keys[per_request[k]], Qundef) == Qundef)
             return Qfalse;
     VALUE base = rb_hash_dup(tmpl);
+    /* the per-request slots keep the template's values (every copy sets its
+     * own): a base holds no request's objects but the repeating values */
     for (int i = 0; i < E_SLOTS; i++)
-        rb_hash_aset(base, slot_keys[i], v->val[i]);
+        if (i != E_PATH && i != E_URI && i != E_HIJACK && i != E_FINISHED && i != E_AFTER)
+            rb_hash_aset(base, slot_keys[i], v->val[i]);
     if (v->tls) {
         rb_hash_aset(base, k_scheme, v_https);
         rb_hash_aset(base, k_https, v_on);
