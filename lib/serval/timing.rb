@@ -63,16 +63,41 @@ module Serval
     def self.route_key(env)
       method = env["REQUEST_METHOD"].to_s
       pattern = env["action_dispatch.route_uri_pattern"]
-      return "#{method} #{pattern}"[0, ROUTE_MAX] if pattern.is_a?(String) && !pattern.empty?
+      return route_memo(method, pattern) { "#{method} #{pattern}"[0, ROUTE_MAX] } if pattern.is_a?(String) && !pattern.empty?
 
       params = env["action_dispatch.request.path_parameters"]
       if params.is_a?(Hash) && params[:controller] && params[:action]
         return "#{method} #{params[:controller]}##{params[:action]}"[0, ROUTE_MAX]
       end
 
-      path = "#{env['SCRIPT_NAME']}#{env['PATH_INFO']}"
-      path = path.split("/", -1).map { |seg| id_segment?(seg) ? ":id" : seg }.join("/")
-      "#{method} #{path.empty? ? '/' : path}"[0, ROUTE_MAX]
+      script = env["SCRIPT_NAME"]
+      path = script.nil? || script.empty? ? env["PATH_INFO"].to_s : "#{script}#{env['PATH_INFO']}"
+      route_memo(method, path) do
+        ids = path.split("/", -1).map { |seg| id_segment?(seg) ? ":id" : seg }.join("/")
+        "#{method} #{ids.empty? ? '/' : ids}"[0, ROUTE_MAX]
+      end
+    end
+
+    # The keys made lately, by method and pattern or path (a sampled request
+    # costs a lookup instead of building its key): at most ROUTE_MEMO_MAX
+    # of at most ROUTE_MEMO_BYTES, then the memo starts over.
+    ROUTE_MEMO_MAX = 512
+    ROUTE_MEMO_BYTES = 256
+    @route_memo = {}
+    @route_memos = 0
+
+    def self.route_memo(method, what)
+      return yield if what.bytesize > ROUTE_MEMO_BYTES
+
+      by = @route_memo[method] ||= {}
+      by[what] || begin
+        if (@route_memos += 1) > ROUTE_MEMO_MAX
+          @route_memo = {}
+          @route_memos = 1
+          by = @route_memo[method] = {}
+        end
+        by[what] = yield.freeze
+      end
     end
 
     # ID_SEGMENT matches only a segment that starts with a digit or is 16

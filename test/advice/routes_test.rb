@@ -79,4 +79,23 @@ class AdviceRoutesTest < Minitest::Test
     long = k.call("PATH_INFO" => "/a" * 500)
     assert_equal Serval::Timing::ROUTE_MAX, long.size
   end
+
+  # route_key remembers the keys it made (the same request's key again is a
+  # lookup): the same key for the same method and path, a fresh one for
+  # another method; at most ROUTE_MEMO_MAX paths of at most ROUTE_MEMO_BYTES.
+  def test_route_keys_are_remembered_within_bounds
+    t = Serval::Timing
+    k = ->(method, path) { t.route_key({ "REQUEST_METHOD" => method, "SCRIPT_NAME" => "", "PATH_INFO" => +path }) }
+    first = k.call("GET", "/memo/42")
+    assert_same first, k.call("GET", "/memo/42")
+    assert first.frozen?
+    assert_equal "POST /memo/:id", k.call("POST", "/memo/42")
+    assert_equal "GET /mount/memo/:id", t.route_key({ "REQUEST_METHOD" => "GET", "SCRIPT_NAME" => "/mount", "PATH_INFO" => "/memo/7" })
+    long = "/#{'x' * t::ROUTE_MEMO_BYTES}"
+    refute_same k.call("GET", long), k.call("GET", long), "a path over ROUTE_MEMO_BYTES is not kept"
+    (t::ROUTE_MEMO_MAX + 10).times { |i| assert_equal "GET /many/p#{i}", k.call("GET", "/many/p#{i}") }
+    kept = t.instance_variable_get(:@route_memo).sum { |_m, by| by.size }
+    assert_operator kept, :<=, t::ROUTE_MEMO_MAX
+    assert_operator kept, :>=, 1
+  end
 end

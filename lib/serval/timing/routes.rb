@@ -43,7 +43,7 @@ module Serval
             @buckets.delete_if { |e, _| e <= epoch - BUCKETS }
             @keys.delete_if { |_, e| e <= epoch - BUCKETS }
           end
-          key = OTHER unless @keys.key?(key) || @keys.size < MAX_ROUTES
+          key = OTHER if @keys.size >= MAX_ROUTES && !@keys.key?(key)
           @keys[key] = epoch
           b = (@buckets[epoch] ||= [0, []])
           b[0] += 1
