@@ -653,9 +653,16 @@ static int fill_set(st_data_t *key, st_data_t *val, st_data_t arg, int existing)
 
 static int base_fill(VALUE env, const env_base *e, const VALUE *vals)
 {
+#if defined(HAVE_RB_HASH_TBL) && defined(HAVE_RB_ST_FOREACH_WITH_REPLACE)
     sets_fill f = {e, vals, 0, 0, 1};
     st_foreach_with_replace(RHASH_TBL(env), fill_entry, fill_set, (st_data_t)&f);
     return f.ok && f.next == e->nsets;
+#else
+    (void)env;
+    (void)e;
+    (void)vals;
+    return 0; /* the plain way */
+#endif
 }
 
 static VALUE env_from_bases(VALUE tmpl, const env_vals *v, VALUE empty_query, const env_fields *f)

@@ -23,6 +23,9 @@ if have_header("ruby/thread.h")
 end
 # Lock waits told from I/O (gvl.c): another thread's frames, 3.3+.
 have_func("rb_profile_thread_frames", "ruby/debug.h") if have_header("ruby/debug.h")
+# The env filled in place (env.c): a Hash's table and st_foreach_with_replace,
+# public since 2.7; without them every env is built the plain way.
+have_func("rb_hash_tbl", "ruby.h") && have_func("rb_st_foreach_with_replace", "ruby.h")
 # Fairness (fairness.c): a postponed job triggered from a native thread, 3.3+.
 have_func("rb_postponed_job_trigger", "ruby/debug.h") if have_header("ruby/debug.h")
 
