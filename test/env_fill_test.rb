@@ -90,6 +90,29 @@ class EnvFillTest < Minitest::Test
     end
   end
 
+  # An env the app may hand to long-lived objects (Rails keeps the request in
+  # thread-local state) must keep its write barrier: an unprotected Hash that
+  # an old object points to stays uncollectible until the next major GC, with
+  # everything it holds (bench/NOTES.md "Session 26": a major GC every few
+  # seconds on a real app). ObjectSpace.dump shows the flag.
+  def test_every_env_keeps_its_write_barrier
+    require "objspace"
+    require "json"
+    req = "GET /w HTTP/1.1\r\nHost: h\r\nUser-Agent: ua\r\nAccept: */*\r\n\r\n"
+    MODES.each do |mode|
+      Serval::Native.env_fill = mode
+      before = Serval::Native.env_base_copies
+      with_env_queue do |port, seen|
+        3.times do |i|
+          assert_equal 200, http(port, req).status
+          flags = JSON.parse(ObjectSpace.dump(seen.pop))["flags"] || {}
+          assert flags["wb_protected"], "#{mode} env of request #{i + 1} lost its write barrier: #{flags.inspect}"
+        end
+      end
+      assert_operator Serval::Native.env_base_copies - before, :>=, 1, "a base copy was checked" if mode == :prepared
+    end
+  end
+
   # What the fields give, pinned (the rest of the env: RackEnvTest).
   def test_unusual_and_repeated_fields
     with_env_queue do |port, seen|

@@ -616,7 +616,8 @@ static VALUE base_build(VALUE tmpl, const env_vals *v, const env_fields *f, env_
  * key is hashed, as a copy keeps every entry's stored hash. Each entry set is
  * checked to hold the key the map expects. RHASH_TBL leaves the copy
  * without write-barrier protection, so the values need no barrier: the GC
- * scans such an object whole. */
+ * scans such an object whole (and the app gets a protected copy of it,
+ * env_from_bases). */
 typedef struct {
     const env_base *e;
     const VALUE *vals;
@@ -710,10 +711,19 @@ static VALUE env_from_bases(VALUE tmpl, const env_vals *v, VALUE empty_query, co
         vals[k] = x[per_request[k]];
     for (long i = 0; i < f->n; i++)
         vals[SV_PER_REQUEST + i] = f->val[i];
-    VALUE env = rb_hash_dup(base);
+    VALUE filled = rb_hash_dup(base);
     RB_GC_GUARD(base);
-    if (!base_fill(env, e, vals))
+    if (!base_fill(filled, e, vals))
         return Qundef;
+    /* RHASH_TBL has left `filled` without write-barrier protection; the env
+     * the app gets is its copy (a fresh Hash, protected; the table copied
+     * with its stored hashes, nothing rehashed). An unprotected env that an
+     * old object points to (Rails keeps the request in thread-local state)
+     * would stay uncollectible until the next major GC with everything it
+     * holds: on a real app, a major GC every few seconds (bench/NOTES.md
+     * "Session 26"). `filled` dies young, pointed to by nothing. */
+    VALUE env = rb_hash_dup(filled);
+    RB_GC_GUARD(filled);
     base_copies++;
     return env;
 }
