@@ -517,30 +517,84 @@ typedef struct {
     int has_host, tls;
 } env_vals;
 
-/* The template's copy with the slots, the TLS keys and the fields put in (a
- * key the template lacks is added, in that order). */
-static VALUE env_plain(VALUE tmpl, const env_vals *v, const env_fields *f)
-{
-    env_pairs pairs;
-    VALUE env = rb_hash_dup(tmpl);
-    pairs.env = env;
-    pairs.n = 0;
-    for (int i = 0; i < E_SLOTS; i++)
-        if (i != E_HOST || v->has_host)
-            pairs_put(&pairs, slot_keys[i], v->val[i]);
-    if (v->tls) {
-        pairs_put(&pairs, k_scheme, v_https);
-        pairs_put(&pairs, k_https, v_on);
-    }
-    for (long i = 0; i < f->n; i++)
-        pairs_put(&pairs, f->key[i], f->val[i]);
-    pairs_flush(&pairs);
-    return env;
-}
-
 /* The slots a base leaves to each request: new objects every time. A base
  * holds QUERY_STRING's empty value; every request sets its own. */
 static const int per_request[SV_PER_REQUEST] = {E_PATH, E_QUERY, E_URI, E_HIJACK, E_FINISHED, E_AFTER};
+
+static int is_per_request(int slot)
+{
+    return slot == E_PATH || slot == E_QUERY || slot == E_URI || slot == E_HIJACK || slot == E_FINISHED ||
+           slot == E_AFTER;
+}
+
+static int slot_index(VALUE key)
+{
+    for (int i = 0; i < E_SLOTS; i++)
+        if (key == slot_keys[i])
+            return i;
+    return -1;
+}
+
+/* The env's order, on both paths: the per-request slots, the request's
+ * fields, then the template's entries (with the repeating slots' and TLS's
+ * values put in), then any slot or TLS key the template lacks. What a
+ * request sets is so at the front of a base's copy: filling it walks past
+ * nothing else (env_from_bases). */
+typedef struct {
+    env_pairs *pairs;
+    const env_vals *v;
+    const env_fields *f;
+    unsigned placed; /* bit i: slot i put in; bits E_SLOTS, E_SLOTS + 1: the TLS keys */
+} env_rest;
+
+static int rest_entry(VALUE key, VALUE val, VALUE arg)
+{
+    env_rest *x = (env_rest *)arg;
+    int i = slot_index(key);
+    if (i >= 0 && is_per_request(i))
+        return ST_CONTINUE; /* put in first */
+    for (long k = 0; k < x->f->n; k++)
+        if (key == x->f->key[k])
+            return ST_CONTINUE; /* a field's value replaces the template's */
+    if (i >= 0) {
+        if (i != E_HOST || x->v->has_host)
+            val = x->v->val[i];
+        x->placed |= 1u << i;
+    } else if (x->v->tls && key == k_scheme) {
+        val = v_https;
+        x->placed |= 1u << E_SLOTS;
+    } else if (x->v->tls && key == k_https) {
+        val = v_on;
+        x->placed |= 1u << (E_SLOTS + 1);
+    }
+    pairs_put(x->pairs, key, val);
+    return ST_CONTINUE;
+}
+
+/* A new env in that order with v's values and f's fields. */
+static VALUE env_plain(VALUE tmpl, const env_vals *v, const env_fields *f)
+{
+    env_pairs pairs;
+    VALUE env = rb_hash_new();
+    pairs.env = env;
+    pairs.n = 0;
+    for (int k = 0; k < SV_PER_REQUEST; k++)
+        pairs_put(&pairs, slot_keys[per_request[k]], v->val[per_request[k]]);
+    for (long i = 0; i < f->n; i++)
+        pairs_put(&pairs, f->key[i], f->val[i]);
+    env_rest x = {&pairs, v, f, 0};
+    rb_hash_foreach(tmpl, rest_entry, (VALUE)&x);
+    for (int i = 0; i < E_SLOTS; i++)
+        if (!is_per_request(i) && !(x.placed & (1u << i)) && (i != E_HOST || v->has_host))
+            pairs_put(&pairs, slot_keys[i], v->val[i]);
+    if (v->tls && !(x.placed & (1u << E_SLOTS)))
+        pairs_put(&pairs, k_scheme, v_https);
+    if (v->tls && !(x.placed & (1u << (E_SLOTS + 1))))
+        pairs_put(&pairs, k_https, v_on);
+    pairs_flush(&pairs);
+    RB_GC_GUARD(tmpl);
+    return env;
+}
 
 /* The key base e sets as its j-th value (e->src[j]). */
 static VALUE set_key(const env_base *e, int j)
@@ -581,28 +635,18 @@ static int map_entry(VALUE key, VALUE val, VALUE arg)
     return ST_CONTINUE;
 }
 
-/* A base for v's repeating values and f's field keys: the template's copy
- * with those set (the fields' values are the first request's Strings, which
- * every copy replaces), or Qfalse when the template lacks a per-request key (its
- * copy would then add keys in another order than env_plain) or the places
- * cannot be mapped. */
+/* A base for v's repeating values and f's field keys: env_plain's env with
+ * the template's values in the per-request slots (every copy sets its own:
+ * a base holds no request's objects but the repeating values and the first
+ * request's field Strings, which every copy replaces), or Qfalse when the
+ * places cannot be mapped. */
 static VALUE base_build(VALUE tmpl, const env_vals *v, const env_fields *f, env_base *e)
 {
+    env_vals b = *v;
     for (int k = 0; k < SV_PER_REQUEST; k++)
-        if (rb_hash_lookup2(tmpl, slot_keys[per_request[k]], Qundef) == Qundef)
-            return Qfalse;
-    VALUE base = rb_hash_dup(tmpl);
-    /* the per-request slots keep the template's values (every copy sets its
-     * own): a base holds no request's objects but the repeating values */
-    for (int i = 0; i < E_SLOTS; i++)
-        if (i != E_PATH && i != E_URI && i != E_HIJACK && i != E_FINISHED && i != E_AFTER)
-            rb_hash_aset(base, slot_keys[i], v->val[i]);
-    if (v->tls) {
-        rb_hash_aset(base, k_scheme, v_https);
-        rb_hash_aset(base, k_https, v_on);
-    }
-    for (long i = 0; i < f->n; i++)
-        rb_hash_aset(base, f->key[i], f->val[i]);
+        if (per_request[k] != E_QUERY)
+            b.val[per_request[k]] = rb_hash_lookup2(tmpl, slot_keys[per_request[k]], Qnil);
+    VALUE base = env_plain(tmpl, &b, f);
     e->nsets = 0;
     sets_map m = {e, 0};
     rb_hash_foreach(base, map_entry, (VALUE)&m);
@@ -613,8 +657,9 @@ static VALUE base_build(VALUE tmpl, const env_vals *v, const env_fields *f, env_
 
 /* Setting a copy's values where the base's map says, through the copy's
  * table (RHASH_TBL and st_foreach_with_replace, Ruby's public C API): no
- * key is hashed, as a copy keeps every entry's stored hash. Each entry set is
- * checked to hold the key the map expects. RHASH_TBL leaves the copy
+ * key is hashed, as a copy keeps every entry's stored hash, and the values
+ * are the copy's first entries (env_plain's order): the walk stops after
+ * them. Each entry set is checked to hold the key the map expects. RHASH_TBL leaves the copy
  * without write-barrier protection, so the values need no barrier: the GC
  * scans such an object whole (and the app gets a protected copy of it,
  * env_from_bases). */
@@ -732,9 +777,7 @@ static VALUE env_from_bases(VALUE tmpl, const env_vals *v, VALUE empty_query, co
  * HTTP_* headers, rack.hijack (hijack: the Request itself), and new
  * rack.response_finished / rack.after_reply Arrays (returned in *finished,
  * *after). *upstream is set when an X-Request-Start or X-Queue-Start header
- * is present (timing reads it). The template holds every slot key first
- * (lib/serval/request_handler.rb), so its copy is sized for a whole env and
- * the slots keep their places; a key it lacks is added. */
+ * is present (timing reads it). The env's order: env_plain. */
 VALUE sv_build_env(sv_conn *c, VALUE tmpl, VALUE hijack, VALUE *finished, VALUE *after, int *upstream)
 {
     const sv_request *r = c->req;

@@ -114,11 +114,11 @@ module Serval
     end
 
     def env_template(url_scheme = nil)
-      # Every request sets these (Request#env in C): first in the template,
-      # they make its copy a table already sized for a whole env, and keep
-      # their places when C sets them (ext/serval/env.c); a frozen template
-      # with all of them lets C copy a base holding a client's repeating
-      # values, so that only the per-request ones are set on each copy.
+      # Every request sets these (Request#env in C, ext/serval/env.c): the
+      # env puts the per-request ones first, then the request's fields, then
+      # the template's entries; a frozen template lets C copy a base holding
+      # a client's repeating values, so that only the per-request ones and
+      # the fields are set on each copy.
       env = ALWAYS_SET.to_h { |key| [key, nil] }
       env.merge!(
         "SCRIPT_NAME" => "",
