@@ -29,6 +29,7 @@
 
 #include <arpa/inet.h>
 #include <limits.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -75,6 +76,34 @@ static int is_value_char(unsigned char c)
     return (c >= 0x21 && c != 0x7f) || c == ' ' || c == '\t';
 }
 
+/* ---- eight bytes a step ------------------------------------------------
+ * Scans that look at every byte of a head (line ends, value and target
+ * bytes) test a word of 8 bytes at once and look at single bytes only in a
+ * word that may hold one they stop at. For a word w, below(w, n) has the top
+ * bit of a byte set when that byte is < n (n <= 128; bytes >= 0x80 never),
+ * and for the lowest such byte exactly; equal(w, c) likewise for bytes == c
+ * (Hacker's Delight's zero-byte test: a borrow only runs towards higher
+ * bytes, which come later in memory on a little-endian machine, so a set bit
+ * can be wrong only above a right one). Big-endian machines take the plain
+ * byte loops. */
+#define SV_ONES 0x0101010101010101ull
+#define SV_HIGHS 0x8080808080808080ull
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define SV_SWAR 1
+#else
+#define SV_SWAR 0
+#endif
+
+static inline uint64_t load8(const char *p)
+{
+    uint64_t w;
+    memcpy(&w, p, sizeof w);
+    return w;
+}
+
+static inline uint64_t below(uint64_t w, unsigned n) { return (w - SV_ONES * n) & ~w & SV_HIGHS; }
+static inline uint64_t equal(uint64_t w, unsigned char c) { return below(w ^ (SV_ONES * c), 1); }
+
 /* Bytes we accept in a request-target: anything but controls, SP and DEL.
  * RFC 3986 forbids '|', '{', '^', '"' and raw non-ASCII unencoded, but
  * browsers and Node send them and nginx and Puma serve them; they cannot
@@ -82,6 +111,39 @@ static int is_value_char(unsigned char c)
 static int is_target_char(unsigned char c)
 {
     return c > 0x20 && c != 0x7f;
+}
+
+/* Whether every byte of p[0..n) is a field value byte (is_value_char). */
+static int all_value_chars(const char *p, size_t n)
+{
+    size_t i = 0;
+#if SV_SWAR
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w = load8(p + i);
+        if ((below(w, 0x20) | equal(w, 0x7f)) == 0)
+            continue; /* no control byte: every byte is one (tabs are the only controls allowed) */
+        for (size_t k = i; k < i + 8; k++)
+            if (!is_value_char((unsigned char)p[k])) return 0;
+    }
+#endif
+    for (; i < n; i++)
+        if (!is_value_char((unsigned char)p[i])) return 0;
+    return 1;
+}
+
+/* Whether every byte of p[0..n) is a request-target byte (is_target_char). */
+static int all_target_chars(const char *p, size_t n)
+{
+    size_t i = 0;
+#if SV_SWAR
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w = load8(p + i);
+        if ((below(w, 0x21) | equal(w, 0x7f)) != 0) return 0;
+    }
+#endif
+    for (; i < n; i++)
+        if (!is_target_char((unsigned char)p[i])) return 0;
+    return 1;
 }
 
 /* unreserved / sub-delims (RFC 3986), the bytes of a reg-name besides
@@ -222,22 +284,29 @@ static int fail(sv_ctx *x, int status, const char *msg)
  *        -1 on a bare CR or bare LF (*eol = index of the offending byte). */
 static int find_eol(const sv_ctx *x, size_t pos, size_t *eol)
 {
-    const char *start = x->buf + pos;
-    const char *cr = memchr(start, '\r', x->len - pos);
-    size_t upto = cr ? (size_t)(cr - start) : x->len - pos;
-    const char *lf = memchr(start, '\n', upto); /* a LF before the CR (or anywhere, without one) */
-    if (lf) {
-        *eol = (size_t)(lf - x->buf);
-        return -1;
+    /* the first CR or LF: a LF first is a bare one */
+    const char *b = x->buf;
+    size_t i = pos, len = x->len;
+#if SV_SWAR
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w = load8(b + i);
+        uint64_t hit = equal(w, '\r') | equal(w, '\n');
+        if (hit) {
+            i += (size_t)__builtin_ctzll(hit) >> 3;
+            goto found;
+        }
     }
-    if (!cr) {
-        *eol = x->len;
-        return 0;
-    }
-    size_t i = (size_t)(cr - x->buf);
+#endif
+    for (; i < len; i++)
+        if (b[i] == '\r' || b[i] == '\n')
+            goto found;
+    *eol = len;
+    return 0;
+found:
     *eol = i;
-    if (i + 1 == x->len) return 0;
-    return x->buf[i + 1] == '\n' ? 1 : -1;
+    if (b[i] == '\n') return -1;
+    if (i + 1 == len) return 0;
+    return b[i + 1] == '\n' ? 1 : -1;
 }
 
 static int bare_eol(sv_ctx *x, size_t at)
@@ -314,8 +383,7 @@ static int parse_target(sv_ctx *x, sv_request *r)
 {
     const char *t = r->target;
     size_t n = r->target_len;
-    for (size_t i = 0; i < n; i++)
-        if (!is_target_char((unsigned char)t[i])) return fail(x, SV_ERR_BAD_REQUEST, "invalid request target");
+    if (!all_target_chars(t, n)) return fail(x, SV_ERR_BAD_REQUEST, "invalid request target");
     const char *hash = memchr(t, '#', n); /* a fragment is the client's own: dropped */
     if (hash != NULL) {
         n = (size_t)(hash - t);
@@ -474,21 +542,18 @@ static int parse_field_line(sv_ctx *x, sv_header *h, size_t start, size_t eol)
     size_t i = 0;
 
     if (is_ws((unsigned char)line[0])) return fail(x, SV_ERR_BAD_REQUEST, "obs-fold not allowed");
-    while (i < n && line[i] != ':') {
-        unsigned char c = (unsigned char)line[i];
-        if (!TCHAR(c))
-            return fail(x, SV_ERR_BAD_REQUEST, is_ws(c) ? "whitespace before colon" : "invalid header name");
+    while (i < n && TCHAR(line[i])) /* ':' is no tchar */
         i++;
-    }
+    if (i < n && line[i] != ':')
+        return fail(x, SV_ERR_BAD_REQUEST, is_ws((unsigned char)line[i]) ? "whitespace before colon" : "invalid header name");
     if (i == 0 || i == n) return fail(x, SV_ERR_BAD_REQUEST, "invalid header name");
     h->name = line;
     h->name_len = i;
 
     size_t vs = i + 1;
     size_t ve = n;
-    for (size_t k = vs; k < n; k++)
-        if (!is_value_char((unsigned char)line[k]))
-            return fail(x, SV_ERR_BAD_REQUEST, "invalid character in header value");
+    if (!all_value_chars(line + vs, n - vs))
+        return fail(x, SV_ERR_BAD_REQUEST, "invalid character in header value");
     while (vs < ve && is_ws((unsigned char)line[vs])) vs++;
     while (ve > vs && is_ws((unsigned char)line[ve - 1])) ve--;
     h->value = line + vs;

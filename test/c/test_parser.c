@@ -960,6 +960,81 @@ static void test_proxy_v2(void)
     CHECK(proxy((char *)b, 16, ALL_PROXY, &p) == -400);
 }
 
+/* Every byte at every offset of a field name, a field value and a target, for
+ * values of 1-24 bytes (the scans test 8 bytes a step, then single bytes):
+ * the outcome is the grammar's, byte by byte. */
+static int parse_exact(const char *s, size_t n, const char **msg)
+{
+    char *copy = malloc(n); /* exact size: ASan catches a scan past the end */
+    memcpy(copy, s, n);
+    int rc = sv_parse_head(&req, &default_limits, copy, n, msg);
+    free(copy);
+    return rc;
+}
+
+static void test_every_byte_everywhere(void)
+{
+    char head[128];
+    int ok = 1;
+    for (int b = 0; b < 256; b++) {
+        int value_ok = (b >= 0x21 && b != 0x7f) || b == ' ' || b == '\t';
+        int target_ok = b > 0x20 && b != 0x7f;
+        for (size_t len = 1; len <= 24; len++) {
+            for (size_t k = 0; k < len; k++) {
+                char v[32];
+                memset(v, 'a', len);
+                v[k] = (char)b;
+                const char *msg = NULL;
+                /* a field value */
+                size_t n = (size_t)snprintf(head, sizeof head, "GET /t HTTP/1.1\r\nHost: h\r\nX: ");
+                memcpy(head + n, v, len);
+                n += len;
+                memcpy(head + n, "\r\n\r\n", 4);
+                n += 4;
+                int rc = parse_exact(head, n, &msg);
+                const char *want = b == '\r' ? "bare CR" : b == '\n' ? "bare LF"
+                                   : value_ok ? NULL : "invalid character in header value";
+                int good = want ? rc == -SV_ERR_BAD_REQUEST && msg && strcmp(msg, want) == 0 : rc == (int)n;
+                if (!good) {
+                    fprintf(stderr, "  value byte 0x%02x at %zu of %zu -> %d (%s)\n", b, k, len, rc, msg ? msg : "");
+                    ok = 0;
+                }
+                /* a field name */
+                n = (size_t)snprintf(head, sizeof head, "GET /t HTTP/1.1\r\nHost: h\r\n");
+                memcpy(head + n, v, len);
+                n += len;
+                n += (size_t)snprintf(head + n, sizeof head - n, ": v\r\n\r\n");
+                msg = NULL;
+                rc = parse_exact(head, n, &msg);
+                int ws = b == ' ' || b == '\t';
+                want = b == '\r' ? "bare CR" : b == '\n' ? "bare LF" : ws && k == 0 ? "obs-fold not allowed"
+                       : ws ? "whitespace before colon" : b == ':' && k == 0 ? "invalid header name"
+                       : b == ':' || sv_tchar_table[b] ? NULL : "invalid header name";
+                good = want ? rc == -SV_ERR_BAD_REQUEST && msg && strcmp(msg, want) == 0 : rc == (int)n;
+                if (!good) {
+                    fprintf(stderr, "  name byte 0x%02x at %zu of %zu -> %d (%s)\n", b, k, len, rc, msg ? msg : "");
+                    ok = 0;
+                }
+                /* a target: '/' then the bytes (' ' ends it early: a bad request line) */
+                n = (size_t)snprintf(head, sizeof head, "GET /");
+                memcpy(head + n, v, len);
+                n += len;
+                n += (size_t)snprintf(head + n, sizeof head - n, " HTTP/1.1\r\nHost: h\r\n\r\n");
+                msg = NULL;
+                rc = parse_exact(head, n, &msg);
+                want = b == '\r' ? "bare CR" : b == '\n' ? "bare LF" : b == ' ' ? "bad request line"
+                       : target_ok ? NULL : "invalid request target";
+                good = want ? rc == -SV_ERR_BAD_REQUEST && msg && strcmp(msg, want) == 0 : rc == (int)n;
+                if (!good) {
+                    fprintf(stderr, "  target byte 0x%02x at %zu of %zu -> %d (%s)\n", b, k, len, rc, msg ? msg : "");
+                    ok = 0;
+                }
+            }
+        }
+    }
+    CHECK(ok);
+}
+
 int main(void)
 {
     test_tchar_table();
@@ -984,6 +1059,7 @@ int main(void)
     test_chunked_incremental();
     test_proxy_v1();
     test_proxy_v2();
+    test_every_byte_everywhere();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
