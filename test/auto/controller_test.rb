@@ -259,6 +259,27 @@ class AutoControllerTest < Minitest::Test
     4.times { refute c4.observe(m(threads: 6, rps: 55, queue: 0.03, wall: 0.05, gvl: 0.99), model: closed).changed }
   end
 
+  # The margin guards a cliff: where one thread fewer than the top of the
+  # cliff is predicted only a little worse (a gentle slope, as at 35 % CPU,
+  # where a thread past it measured no better and often worse), the target
+  # is the fewest within 5 % itself; a count predicted far worse, unable to
+  # keep up, or a top of 1 keeps the margin.
+  def test_at_part_load_the_margin_only_above_a_cliff
+    inf = Float::INFINITY
+    gentle = [inf, inf, 0.5, 0.26, 0.235, 0.222, 0.221, 0.224]
+    assert_equal [6, 6, 7], Controller.open_target(gentle, 8, 0.05, 1, 0.25)
+    assert_equal [6, 7, 7], Controller.open_target(gentle, 8, 0.05, 1), "no cliff setting: the margin always"
+    steep = [inf, 0.35, 0.25, 0.26, 0.30]
+    assert_equal [3, 4, 3], Controller.open_target(steep, 5, 0.05, 1, 0.25)
+    assert_equal [3, 4, 3], Controller.open_target([inf, inf, 0.25, 0.26, 0.30], 5, 0.05, 1, 0.25), "below: cannot keep up"
+    assert_equal [3, 4, 3], Controller.open_target([inf, nil, 0.25, 0.26, 0.30], 5, 0.05, 1, 0.25), "below: not run"
+    assert_equal [1, 2, 1], Controller.open_target([0.1, 0.104, 0.12], 3, 0.05, 1, 0.25), "a top of 1"
+    model = { rps: [50, 90, 120, 135, 145, 150, 152, 153], stall: Array.new(8, 0.0), p99: gentle, rate: 103.0 }
+    c = controller(initial: 4, cooldown: 0, margin: 0)
+    4.times { c.observe(m(threads: c.target, rps: 103, queue: 0.03, wall: 0.04), model: model) }
+    assert_equal 6, c.target, c.reason
+  end
+
   # The tuner's model runs one after another on a flat top (the 35 % bench
   # of session 21: the lowest figure at 6, 7, 10, 9 threads in turn, each
   # within a few per cent of the others from 5 threads on): the count stays
@@ -302,11 +323,12 @@ class AutoControllerTest < Minitest::Test
     end
     assert_equal [4], seen.uniq
     assert_equal [3, 5], c.open_band, "the latest two models' fewest within 5 % (3, 4), to one past the highest"
-    # from 6 it comes down to the latest model's target (4: 5 is within 5 % of 4's 250 ms)
+    # from 6 it comes down to the latest model's target: 4, the top of its cliff (3 is predicted
+    # only 12 % worse than the lowest: no cliff right below, so no margin past it)
     d = Controller.new(min: 1, max: 8, initial: 6)
     model = { rps: [50, 70, 75, 75, 75, 75, 75, 75], stall: Array.new(8, 0.0), p99: curves[1], rate: 55.0 }
     2.times { d.observe(m(threads: 6, rps: 55, queue: 0.03, wall: 0.05), model: model) }
-    assert_equal 5, d.target
+    assert_equal 4, d.target
   end
 
   # Arrivals near what the model says the count serves (saturation: the

@@ -122,7 +122,11 @@ module Serval
                               # part load, where the count with the lowest predicted p99 is the target
         open_gain: 0.05,      # ... the counts whose predicted p99 is within this share of the lowest are alike:
         open_margin: 1,       # ... the target is the fewest of them plus this many, and a count from that fewest
-                              # to this many past it is held
+                              # to this many past it is held ...
+        open_cliff: 0.25,     # ... where one thread fewer than that fewest is predicted more than this share
+                              # above the lowest p99 (a cliff right below: a model a few per cent off in
+                              # capacity would put the count on it), or that fewest is 1; on a gentle slope
+                              # the fewest itself (35 % CPU: one past it measured no better, often worse)
         open_memory: 2        # ... over this many of the latest models (the fewest wanders by one between runs)
       }.freeze
 
@@ -135,16 +139,24 @@ module Serval
 
       # From a model's open-loop p99 for 1..top threads: [fewest threads
       # within `gain` of the lowest (the top of the cliff), the part-load
-      # target (that plus up to `margin` while as good), the lowest's count
-      # (the fewest among equals)]; nil when no count keeps up.
-      def self.open_target(p99, top, gain, margin)
+      # target (that plus up to `margin` while as good, where the count below
+      # it is more than `cliff` above the lowest or it is 1; nil cliff: always),
+      # the lowest's count (the fewest among equals)]; nil when no count keeps up.
+      def self.open_target(p99, top, gain, margin, cliff = nil)
         counts = (1..top).select { |t| p99[t - 1] }
         best = counts.min_by { |t| [p99[t - 1], t] }
         return nil unless best && p99[best - 1].finite?
 
         near = ->(t) { p99[t - 1] && p99[t - 1] <= p99[best - 1] * (1 + gain) }
         lo = counts.find(&near)
+        below = lo > 1 ? p99[lo - 2] : nil
+        margin = 0 if cliff && below && below.finite? && below <= p99[best - 1] * (1 + cliff)
         [lo, counts.select { |t| t >= lo && t <= lo + margin && near.(t) }.max, best]
+      end
+
+      # open_target with this controller's settings.
+      def open_target(p99, top)
+        Controller.open_target(p99, top, @s[:open_gain], @s[:open_margin], @s[:open_cliff])
       end
 
       # reason: the latest interval's (a hold says why it held);
@@ -298,7 +310,7 @@ module Serval
         now = p99[[n, p99.size].min - 1]
         return [:hold, n, "part load; the model has no p99 for #{n} threads yet"] unless now
 
-        lo, target, best = Controller.open_target(p99, [cap, ceiling, p99.size].min, @s[:open_gain], @s[:open_margin])
+        lo, target, best = open_target(p99, [cap, ceiling, p99.size].min)
         return nil unless lo
 
         low, high = remember_open(model, lo)
@@ -324,7 +336,7 @@ module Serval
       # open-loop figures.
       def open_floor(model, cap)
         p99 = model[:p99] or return nil
-        Controller.open_target(p99, [cap, p99.size].min, @s[:open_gain], @s[:open_margin])&.first
+        open_target(p99, [cap, p99.size].min)&.first
       end
 
       # The fewest-within-gain counts of the latest `open_memory` models

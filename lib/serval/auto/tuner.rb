@@ -169,12 +169,12 @@ module Serval
 
       # The count the controller goes to at part load with this model: the
       # fewest threads whose predicted open-loop p99 is within its open_gain
-      # of the lowest, plus its open_margin while as good (not the lowest's
+      # of the lowest, plus its open_margin while as good and a cliff is right
+      # below (Controller.open_target; not the lowest's
       # own count: that wanders over the flat part from run to run).
       def open_best(model)
         p99 = model[:p99] or return nil
-        s = @controller.settings
-        Controller.open_target(p99, [p99.size, @controller.max].min, s[:open_gain], s[:open_margin])&.at(1)
+        @controller.open_target(p99, [p99.size, @controller.max].min)&.at(1)
       end
     end
   end
