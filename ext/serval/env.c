@@ -756,19 +756,26 @@ static VALUE env_from_bases(VALUE tmpl, const env_vals *v, VALUE empty_query, co
         vals[k] = x[per_request[k]];
     for (long i = 0; i < f->n; i++)
         vals[SV_PER_REQUEST + i] = f->val[i];
-    VALUE filled = rb_hash_dup(base);
-    RB_GC_GUARD(base);
-    if (!base_fill(filled, e, vals))
+    /* The base itself takes the request's values in place, gives its copy
+     * (a fresh Hash, write-barrier protected: the table copied with its
+     * stored hashes, nothing rehashed) and gets nil back in those places at
+     * once: between requests a base holds none of a request's objects. (A
+     * base is old and, through RHASH_TBL, unprotected: the GC scans it
+     * whole at every minor GC, and values it kept would survive into the
+     * old generation and force major GCs, bench/NOTES.md "Session 26". An
+     * unprotected env that an old object points to, as Rails keeps the
+     * request in thread-local state, would do the same; hence the copy.)
+     * Nothing in between runs Ruby code or releases the GVL. */
+    VALUE blank[SV_BASE_SETS];
+    for (int k = 0; k < SV_PER_REQUEST + e->nfields; k++)
+        blank[k] = Qnil;
+    int ok = base_fill(base, e, vals);
+    VALUE env = ok ? rb_hash_dup(base) : Qundef;
+    if (!base_fill(base, e, blank) || !ok) {
+        e->base = Qfalse; /* cannot happen (nothing else touches a base's table): the plain way from now on */
         return Qundef;
-    /* RHASH_TBL has left `filled` without write-barrier protection; the env
-     * the app gets is its copy (a fresh Hash, protected; the table copied
-     * with its stored hashes, nothing rehashed). An unprotected env that an
-     * old object points to (Rails keeps the request in thread-local state)
-     * would stay uncollectible until the next major GC with everything it
-     * holds: on a real app, a major GC every few seconds (bench/NOTES.md
-     * "Session 26"). `filled` dies young, pointed to by nothing. */
-    VALUE env = rb_hash_dup(filled);
-    RB_GC_GUARD(filled);
+    }
+    RB_GC_GUARD(base);
     base_copies++;
     return env;
 }
