@@ -39,6 +39,46 @@ class ThreadPoolTest < Minitest::Test
     Process.clock_gettime(Process::CLOCK_MONOTONIC)
   end
 
+  # An idle worker keeps nothing of the request it served last: the app's
+  # objects in the env die with the request, not when that thread next gets
+  # work (a thread idle for seconds kept a Rails request's graph alive into
+  # the old generation: major GCs, bench/NOTES.md "Session 27"). Four
+  # requests in flight at once (four threads), then one more on its own; the
+  # four payloads must die. (Without Rack::Lint: its wrappers keep an env.)
+  def test_an_idle_worker_keeps_nothing_of_its_last_request
+    require "weakref"
+    refs = Queue.new
+    started = Queue.new
+    release = Queue.new
+    app = lambda do |env|
+      if env["PATH_INFO"].start_with?("/hold")
+        payload = Array.new(100) { |i| "payload #{i}" } # what an app leaves in its env
+        env["test.payload"] = payload
+        refs << WeakRef.new(payload)
+        started << true
+        release.pop
+      end
+      [200, { "content-type" => "text/plain" }, ["ok"]]
+    end
+    with_server(app, min_threads: 4, max_threads: 4, lint: false) do |server, port|
+      clients = send_requests(port, 4, "/hold")
+      4.times { started.pop }
+      4.times { release << true }
+      clients.each { |c| assert_equal 200, c.read_response.status; c.close }
+      assert_equal 200, http(port, "GET /plain HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n").status
+      list = Array.new(4) { refs.pop }
+      assert wait_for_idle(server), "the pool went idle"
+      3.times { GC.start(full_mark: true, immediate_sweep: true) }
+      assert_equal [false] * 4, list.map { |r| r.weakref_alive? ? true : false }, "payloads still reachable from idle workers"
+    end
+  end
+
+  def wait_for_idle(server)
+    deadline = now + 5
+    Thread.pass until server.thread_pool.busy.zero? || now > deadline
+    server.thread_pool.busy.zero?
+  end
+
   def test_worker_threads_are_named
     names = Queue.new
     app = ->(_env) { names << Thread.current.name && [200, {}, ["ok"]] }

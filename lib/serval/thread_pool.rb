@@ -162,6 +162,12 @@ module Serval
         ensure
           @busy -= 1
         end
+        # Not kept while this thread waits for the next one: the Request holds
+        # its env, and through it all the app put there (Rails: the controller,
+        # the rendered page). A thread that idles for seconds would keep that
+        # alive through the minor GCs into the old generation, and a real app
+        # then runs major GCs to free it (bench/NOTES.md "Session 27").
+        request = nil
         out_of_band if @out_of_band && @busy.zero?
         break if @threads.size > @max + @lane && surplus?
       end
