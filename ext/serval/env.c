@@ -523,8 +523,10 @@ static const int per_request[SV_PER_REQUEST] = {E_PATH, E_QUERY, E_URI, E_HIJACK
 
 static int is_per_request(int slot)
 {
-    return slot == E_PATH || slot == E_QUERY || slot == E_URI || slot == E_HIJACK || slot == E_FINISHED ||
-           slot == E_AFTER;
+    for (int k = 0; k < SV_PER_REQUEST; k++)
+        if (per_request[k] == slot)
+            return 1;
+    return 0;
 }
 
 static int slot_index(VALUE key)
@@ -766,9 +768,7 @@ static VALUE env_from_bases(VALUE tmpl, const env_vals *v, VALUE empty_query, co
      * unprotected env that an old object points to, as Rails keeps the
      * request in thread-local state, would do the same; hence the copy.)
      * Nothing in between runs Ruby code or releases the GVL. */
-    VALUE blank[SV_BASE_SETS];
-    for (int k = 0; k < SV_PER_REQUEST + e->nfields; k++)
-        blank[k] = Qnil;
+    static const VALUE blank[SV_BASE_SETS] = {[0 ... SV_BASE_SETS - 1] = Qnil};
     int ok = base_fill(base, e, vals);
     VALUE env = ok ? rb_hash_dup(base) : Qundef;
     if (!base_fill(base, e, blank) || !ok) {

@@ -972,63 +972,49 @@ static int parse_exact(const char *s, size_t n, const char **msg)
     return rc;
 }
 
-static void test_every_byte_everywhere(void)
+/* Parses before + v[0..len) + after and checks the outcome: accepted whole
+ * (want NULL) or 400 with message want. Returns 0 and says which on a miss. */
+static int byte_case(const char *what, const char *before, const char *v, size_t len, const char *after,
+                     const char *want, int b, size_t k)
 {
     char head[128];
+    size_t n = (size_t)snprintf(head, sizeof head, "%s", before);
+    memcpy(head + n, v, len);
+    n += len;
+    n += (size_t)snprintf(head + n, sizeof head - n, "%s", after);
+    const char *msg = NULL;
+    int rc = parse_exact(head, n, &msg);
+    int good = want ? rc == -SV_ERR_BAD_REQUEST && msg && strcmp(msg, want) == 0 : rc == (int)n;
+    if (!good)
+        fprintf(stderr, "  %s byte 0x%02x at %zu of %zu -> %d (%s)\n", what, b, k, len, rc, msg ? msg : "");
+    return good;
+}
+
+static void test_every_byte_everywhere(void)
+{
     int ok = 1;
     for (int b = 0; b < 256; b++) {
         int value_ok = (b >= 0x21 && b != 0x7f) || b == ' ' || b == '\t';
         int target_ok = b > 0x20 && b != 0x7f;
+        int ws = b == ' ' || b == '\t';
+        const char *line_end = b == '\r' ? "bare CR" : b == '\n' ? "bare LF" : NULL;
         for (size_t len = 1; len <= 24; len++) {
             for (size_t k = 0; k < len; k++) {
                 char v[32];
                 memset(v, 'a', len);
                 v[k] = (char)b;
-                const char *msg = NULL;
-                /* a field value */
-                size_t n = (size_t)snprintf(head, sizeof head, "GET /t HTTP/1.1\r\nHost: h\r\nX: ");
-                memcpy(head + n, v, len);
-                n += len;
-                memcpy(head + n, "\r\n\r\n", 4);
-                n += 4;
-                int rc = parse_exact(head, n, &msg);
-                const char *want = b == '\r' ? "bare CR" : b == '\n' ? "bare LF"
-                                   : value_ok ? NULL : "invalid character in header value";
-                int good = want ? rc == -SV_ERR_BAD_REQUEST && msg && strcmp(msg, want) == 0 : rc == (int)n;
-                if (!good) {
-                    fprintf(stderr, "  value byte 0x%02x at %zu of %zu -> %d (%s)\n", b, k, len, rc, msg ? msg : "");
-                    ok = 0;
-                }
-                /* a field name */
-                n = (size_t)snprintf(head, sizeof head, "GET /t HTTP/1.1\r\nHost: h\r\n");
-                memcpy(head + n, v, len);
-                n += len;
-                n += (size_t)snprintf(head + n, sizeof head - n, ": v\r\n\r\n");
-                msg = NULL;
-                rc = parse_exact(head, n, &msg);
-                int ws = b == ' ' || b == '\t';
-                want = b == '\r' ? "bare CR" : b == '\n' ? "bare LF" : ws && k == 0 ? "obs-fold not allowed"
-                       : ws ? "whitespace before colon" : b == ':' && k == 0 ? "invalid header name"
-                       : b == ':' || sv_tchar_table[b] ? NULL : "invalid header name";
-                good = want ? rc == -SV_ERR_BAD_REQUEST && msg && strcmp(msg, want) == 0 : rc == (int)n;
-                if (!good) {
-                    fprintf(stderr, "  name byte 0x%02x at %zu of %zu -> %d (%s)\n", b, k, len, rc, msg ? msg : "");
-                    ok = 0;
-                }
+                const char *want = line_end ? line_end : value_ok ? NULL : "invalid character in header value";
+                ok &= byte_case("value", "GET /t HTTP/1.1\r\nHost: h\r\nX: ", v, len, "\r\n\r\n", want, b, k);
+                want = line_end                ? line_end
+                       : ws && k == 0          ? "obs-fold not allowed"
+                       : ws                    ? "whitespace before colon"
+                       : b == ':' && k == 0    ? "invalid header name"
+                       : b == ':' || sv_tchar_table[b] ? NULL
+                                               : "invalid header name";
+                ok &= byte_case("name", "GET /t HTTP/1.1\r\nHost: h\r\n", v, len, ": v\r\n\r\n", want, b, k);
                 /* a target: '/' then the bytes (' ' ends it early: a bad request line) */
-                n = (size_t)snprintf(head, sizeof head, "GET /");
-                memcpy(head + n, v, len);
-                n += len;
-                n += (size_t)snprintf(head + n, sizeof head - n, " HTTP/1.1\r\nHost: h\r\n\r\n");
-                msg = NULL;
-                rc = parse_exact(head, n, &msg);
-                want = b == '\r' ? "bare CR" : b == '\n' ? "bare LF" : b == ' ' ? "bad request line"
-                       : target_ok ? NULL : "invalid request target";
-                good = want ? rc == -SV_ERR_BAD_REQUEST && msg && strcmp(msg, want) == 0 : rc == (int)n;
-                if (!good) {
-                    fprintf(stderr, "  target byte 0x%02x at %zu of %zu -> %d (%s)\n", b, k, len, rc, msg ? msg : "");
-                    ok = 0;
-                }
+                want = line_end ? line_end : b == ' ' ? "bad request line" : target_ok ? NULL : "invalid request target";
+                ok &= byte_case("target", "GET /", v, len, " HTTP/1.1\r\nHost: h\r\n\r\n", want, b, k);
             }
         }
     }
