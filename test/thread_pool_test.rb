@@ -73,6 +73,30 @@ class ThreadPoolTest < Minitest::Test
     end
   end
 
+  # The same for what the app registers in rack.response_finished and
+  # rack.after_reply (Rails' executor closes over its env there): once run,
+  # both Arrays are empty, so a stale copy of one on an idle worker's machine
+  # stack keeps no closure alive (on Campfire each idle worker kept a
+  # controller that way). Deterministic: the app keeps its env and looks.
+  def test_run_callbacks_are_dropped_once_run
+    kept = Queue.new
+    ran = Queue.new
+    app = lambda do |env|
+      payload = Array.new(10) { |i| "payload #{i}" }
+      env["rack.response_finished"] << ->(*) { ran << payload.size }
+      env["rack.after_reply"] << -> { ran << payload.size }
+      kept << env
+      [200, { "content-type" => "text/plain" }, ["ok"]]
+    end
+    with_server(app, min_threads: 2, max_threads: 2, lint: false) do |server, port|
+      assert_equal 200, http(port, "GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n").status
+      assert_equal [10, 10], [ran.pop, ran.pop], "both callbacks ran"
+      env = kept.pop
+      assert wait_for_idle(server), "the pool went idle"
+      assert_equal [[], []], [env["rack.response_finished"], env["rack.after_reply"]]
+    end
+  end
+
   def wait_for_idle(server)
     deadline = now + 5
     Thread.pass until server.thread_pool.busy.zero? || now > deadline

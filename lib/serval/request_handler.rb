@@ -160,6 +160,14 @@ module Serval
       rescue StandardError => e
         @log_writer.exception(e, "rack.after_reply callback raised")
       end
+    ensure
+      # Emptied once run. A stale copy of either Array on this thread's machine
+      # stack (which the GC scans conservatively) outlives the request while
+      # the thread waits for the next one; the closures in it hold the env
+      # (Rails' executor: the controller, the page), which then ages into the
+      # old generation and costs major GCs (bench/NOTES.md "Session 28").
+      finished.clear unless finished.frozen?
+      after.clear unless after.frozen?
     end
 
     def log_access(env, status, started, timing)
