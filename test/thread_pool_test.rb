@@ -39,37 +39,35 @@ class ThreadPoolTest < Minitest::Test
     Process.clock_gettime(Process::CLOCK_MONOTONIC)
   end
 
-  # An idle worker keeps nothing of the request it served last: the app's
-  # objects in the env die with the request, not when that thread next gets
-  # work (a thread idle for seconds kept a Rails request's graph alive into
-  # the old generation: major GCs, bench/NOTES.md "Session 27"). Four
-  # requests in flight at once (four threads), then one more on its own; the
-  # four payloads must die. (Without Rack::Lint: its wrappers keep an env.)
+  # An idle worker keeps nothing of the request it served last: a thread idle
+  # for seconds kept a Rails request's graph alive into the old generation
+  # (major GCs, bench/NOTES.md "Session 27"). Checked where it waits: each
+  # time a worker reaches its `@core.next` line after a request, its
+  # `request` local must be nil (a line TracePoint on ThreadPool#work). Not
+  # with GC and WeakRefs: the GC scans a waiting thread's machine stack
+  # conservatively, and a stale copy of an app's object there (one its own
+  # C calls left) kept payloads alive in some runs (bench/NOTES.md
+  # "Session 28").
   def test_an_idle_worker_keeps_nothing_of_its_last_request
-    require "weakref"
-    refs = Queue.new
-    started = Queue.new
-    release = Queue.new
-    app = lambda do |env|
-      if env["PATH_INFO"].start_with?("/hold")
-        payload = Array.new(100) { |i| "payload #{i}" } # what an app leaves in its env
-        env["test.payload"] = payload
-        refs << WeakRef.new(payload)
-        started << true
-        release.pop
-      end
-      [200, { "content-type" => "text/plain" }, ["ok"]]
+    require "serval/thread_pool"
+    work = Serval::ThreadPool.instance_method(:work)
+    file, = work.source_location
+    line = File.readlines(file).index { |l| l.include?("request = @core.next(wait)") } + 1
+    held = Queue.new
+    trace = TracePoint.new(:line) do |tp|
+      held << tp.binding.local_variable_get(:request).class if tp.lineno == line && tp.path == file
     end
-    with_server(app, min_threads: 4, max_threads: 4, lint: false) do |server, port|
-      clients = send_requests(port, 4, "/hold")
-      4.times { started.pop }
-      4.times { release << true }
-      clients.each { |c| assert_equal 200, c.read_response.status; c.close }
-      assert_equal 200, http(port, "GET /plain HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n").status
-      list = Array.new(4) { refs.pop }
-      assert wait_for_idle(server), "the pool went idle"
-      3.times { GC.start(full_mark: true, immediate_sweep: true) }
-      assert_equal [false] * 4, list.map { |r| r.weakref_alive? ? true : false }, "payloads still reachable from idle workers"
+    app = ->(_env) { [200, { "content-type" => "text/plain" }, ["ok"]] }
+    with_server(app, min_threads: 2, max_threads: 2) do |server, port|
+      trace.enable(target: work)
+      begin
+        3.times { assert_equal 200, http(port, "GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n").status }
+        assert wait_for_idle(server), "the pool went idle"
+        seen = Array.new(3) { held.pop }
+      ensure
+        trace.disable
+      end
+      assert_equal [NilClass] * 3, seen, "a worker waited for its next request holding its last one"
     end
   end
 
