@@ -127,6 +127,17 @@ class BenchOpenLoopTest < Minitest::Test
     refute Bench::Workloads::Advice.sustained?([kept, behind])
   end
 
+  # Session 27's three runs at 35 % CPU (advice-quick-auto35-s27.json):
+  # auto 193 / 348 / 144 ms, fixed 5 threads 191 / 282 / 136, fixed 6
+  # 177 / 268 / 147. Pooled, the second seed sets both p99s; paired, each
+  # seed is judged on its own, against the best count on that seed.
+  def test_auto_is_paired_with_the_best_fixed_count_on_each_seed
+    r = Bench::Workloads::Advice.paired_ratios([193.483, 348.13, 144.079], [[191.27, 282.426, 135.622], [177.182, 268.039, 147.438]])
+    assert_equal [1.09, 1.3, 1.06], r.map { |x| x.round(2) }
+    assert_equal [nil, 2.0], Bench::Workloads::Advice.paired_ratios([nil, 20.0], [[5.0, 10.0], [6.0, 12.0]])
+    assert_equal [1.0, nil], Bench::Workloads::Advice.paired_ratios([5.0, 20.0], [[5.0, 10.0], [6.0]]), "a seed a fixed count lacks"
+  end
+
   def test_percentile_of_nothing_is_nil_and_nearest_rank
     assert_nil Bench::Util.percentile([], 0.99)
     assert_equal 99, Bench::Util.percentile((1..100).to_a, 0.99)

@@ -243,16 +243,19 @@ module Serval
           @reasons << "#{what}: counted as neither I/O nor CPU, and not modelled (#{why})"
           return workload
         end
+        held = l[:held] == :sends ? format("sends (waits of at most %d us: a logger's writes)", (l[:within] * 1e6).round) : "waits"
         @reasons << format("%s at %d threads: not I/O - modelled as one lock held through %d %% of the requests' " \
-                           "waits and until the GVL comes back, which gives %.2f ms at %d threads%s; more threads " \
-                           "wait longer for it", what, l[:threads], (l[:share] * 100).round, l[:simulated_mean] * 1e3,
-                           l[:threads], l[:rate] ? format(" and %.1f req/s", l[:rate]) : "")
+                           "%s and until the GVL comes back, which gives %.2f ms at %d threads%s%s; more threads " \
+                           "wait longer for it", what, l[:threads], (l[:share] * 100).round, held, l[:simulated_mean] * 1e3,
+                           l[:threads], l[:rate] ? format(" and %.1f req/s", l[:rate]) : "",
+                           l[:measured_waited] ? format(", %d %% of requests waiting (%d %% measured)", (l[:simulated_waited] * 100).round,
+                                                        (l[:measured_waited] * 100).round) : "")
         unless l[:reproduced]
           @warnings << format("the lock model gives %.2f ms of lock wait per request where %.2f ms were measured: " \
                               "the lock is held for something the model does not see (CPU inside the lock, " \
                               "several locks)", l[:simulated_mean] * 1e3, l[:measured_mean] * 1e3)
         end
-        workload.with_lock(l[:share])
+        workload.with_lock(l[:share], within: l[:within])
       end
 
       # Where the top really levels off (knee_99), said when it is past the

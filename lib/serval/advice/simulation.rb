@@ -58,10 +58,16 @@ module Serval
     #   before such a wait takes the lock if it is free; else it gives the
     #   GVL up and waits for the lock (lock_wait), in line. The holder keeps
     #   the lock through the wait and until it has the GVL again (it must
-    #   run to unlock), and hands it to the first in line, which then asks
-    #   for the GVL to go on. So the lock is held longer the longer the GVL
-    #   queue is, and more threads wait longer for it (lib/serval/advice/lock.rb
+    #   run to unlock). Unlocking frees the lock and wakes the first in line
+    #   (Ruby's Mutex: no hand-over, thread_sync.c), which asks for the GVL
+    #   and, once it has it, takes the lock if it is still free - a thread
+    #   that had the GVL first may have taken it - or goes to the back of
+    #   the line again. So the lock is held longer the longer the GVL queue
+    #   is, and more threads wait longer for it (lib/serval/advice/lock.rb
     #   picks the share that reproduces the measured lock waits).
+    # - `lock_within`: nil, or the longest wait (seconds) the lock is held
+    #   through: a logger holds its lock through its writes, not through
+    #   the request's database round trips.
     # - `scale`: every CPU segment that many times as long (what if the
     #   requests computed a little more or less: Recommender#precision).
     # - `threads` request threads. Closed loop (#closed): as many clients as
@@ -84,7 +90,7 @@ module Serval
 
       Result = Struct.new(:threads, :requests, :rps, :latency_p50, :latency_p99, :wall_p50, :wall_p99,
                           :stall_mean, :stall_p95, :stall_max, :pool_wait_mean, :queue_mean, :gvl_busy,
-                          :lock_wait_mean, keyword_init: true) do
+                          :lock_wait_mean, :lock_waited, keyword_init: true) do
         def to_h = super.transform_values { |v| v.is_a?(Float) ? v.round(6) : v }
       end
 
@@ -93,7 +99,7 @@ module Serval
       ORDERS = %i[fifo random].freeze
 
       def initialize(profiles, quantum: QUANTUM, pool: nil, order: :fifo, seed: 1, handoff: 0.0, speed: nil, scale: 1.0,
-                     loop_cpu: 0.0, between: 0.0, lock: nil)
+                     loop_cpu: 0.0, between: 0.0, lock: nil, lock_within: nil)
         raise ArgumentError, "no request profiles" if profiles.empty?
         raise ArgumentError, "quantum must be > 0" unless quantum.positive?
         raise ArgumentError, "pool must be an Integer >= 1" unless pool.nil? || (pool.is_a?(Integer) && pool >= 1)
@@ -119,8 +125,11 @@ module Serval
         @lock = lock && Float(lock)
         raise ArgumentError, "lock must be a share in (0, 1]" if @lock && !(@lock > 0 && @lock <= 1)
 
+        @lock_within = lock_within && Float(lock_within)
+        raise ArgumentError, "lock_within must be > 0" if @lock_within && !@lock_within.positive?
+
         @options = { quantum: quantum, pool: pool, order: order, seed: seed, handoff: handoff, speed: speed,
-                     loop_cpu: loop_cpu, between: between, lock: lock }
+                     loop_cpu: loop_cpu, between: between, lock: lock, lock_within: lock_within }
       end
 
       # The same requests with every CPU segment `factor` times as long.
@@ -146,13 +155,15 @@ module Serval
 
       # Per profile, which of its waits hold the lock: nil (none) or an
       # Array of booleans by wait (#play). Seeded: every thread count and
-      # every run sees the same choice.
+      # every run sees the same choice. With lock_within, only waits of at
+      # most that many seconds can (a joined wait counts whole).
       def locked_waits
         @locked_waits ||= begin
           rng = Random.new(@seed + 7)
           q = @lock
+          within = @lock_within
           @profiles.map do |p|
-            marks = Array.new(p.size / 2) { rng.rand < q }
+            marks = Array.new(p.size / 2) { |j| rng.rand < q && (within.nil? || p[(2 * j) + 1].abs <= within) }
             marks.any? ? marks : nil
           end
         end
@@ -208,7 +219,7 @@ module Serval
         between = @between
         due = 0.0 # loop_cpu not yet run (class comment)
         locked = @lock && locked_waits
-        lstate = Array.new(threads, 0) # the lock (class comment): 1 granted, its wait to come; 2 release at next grant
+        lstate = Array.new(threads, 0) # the lock (class comment): 2 held, release at next grant
         holder = nil
         line = []                      # threads waiting for the lock, first first
         lfrom = Array.new(threads, 0.0)
@@ -249,13 +260,12 @@ module Serval
           stall[i] += start - t
           asked[i] = t
           granted[i] = start
-          if lstate[i] == 2 # back with the GVL after its locked wait: unlocks, the first in line takes the lock
+          if lstate[i] == 2 # back with the GVL after its locked wait: unlocks and wakes the first in line
             lstate[i] = 0
-            holder = line.shift
-            if holder
-              lstate[holder] = 1
-              lwait[holder] += start - lfrom[holder]
-              ready[holder] = start
+            holder = nil
+            if (w = line.shift) # woken: it asks for the GVL and tries again (class comment)
+              lwait[w] += start - lfrom[w]
+              ready[w] = start
             end
           end
           c = rem[i] # work left; at speed sp it takes c / sp
@@ -307,14 +317,12 @@ module Serval
             end
           else
             if locked && (marks = locked[pidx[i]]) && marks[s / 2]
-              if lstate[i] == 1 # the lock came to it in line: on to the wait
-                lstate[i] = 2
-              elsif holder.nil?
+              if holder.nil? # free: taken, by a woken thread or one that comes to it first
                 holder = i
                 lstate[i] = 2
-              else # in line for the lock, without the GVL; the CPU segment is done, the wait still to come
-                line << i
+              else # in line for the lock (at the back, a woken one too), without the GVL; its wait still to come
                 lfrom[i] = gvl_free
+                line << i
                 ready[i] = inf
                 rem[i] = 0.0
                 next
@@ -367,6 +375,7 @@ module Serval
                    stall_mean: mean.call(st), stall_p95: Advice.quantile(st, 0.95), stall_max: st.last,
                    pool_wait_mean: mean.call(out[:pool_wait][from..to]), queue_mean: mean.call(out[:queue][from..to]),
                    lock_wait_mean: @lock ? mean.call(out[:lock][from..to]) : nil,
+                   lock_waited: @lock ? out[:lock][from..to].count(&:positive?).fdiv(to - from + 1) : nil,
                    gvl_busy: finished[-1].positive? ? busy / finished[-1] : 0.0)
       end
     end

@@ -71,12 +71,14 @@ module Serval
 
       # Waits for Ruby locks: measured, and what the model made of them.
       def lock(l, threads)
-        out = [format("  lock waits (Ruby locks, not I/O): %s per request measured%s%s", ms(l[:measured_mean]),
+        out = [format("  lock waits (Ruby locks, not I/O): %s per request measured%s%s%s", ms(l[:measured_mean]),
                       l[:threads] ? " at #{l[:threads]} threads" : "",
-                      l[:share_of_wall] ? format(" (%.1f %% of wall)", l[:share_of_wall] * 100) : "")]
+                      l[:share_of_wall] ? format(" (%.1f %% of wall)", l[:share_of_wall] * 100) : "",
+                      l[:measured_waited] ? format(", %d %% of requests waited", (l[:measured_waited] * 100).round) : "")]
         if l[:share]
-          out << format("  modelled as one lock held through %d %% of the waits: predicted %s at %d threads, saturated",
-                        (l[:share] * 100).round, ms(l[:predicted_mean]), threads)
+          what = l[:held].to_s == "sends" ? "sends (a logger's writes)" : "waits"
+          out << format("  modelled as one lock held through %d %% of the %s: predicted %s at %d threads, saturated",
+                        (l[:share] * 100).round, what, ms(l[:predicted_mean]), threads)
         end
         out
       end

@@ -286,6 +286,13 @@ module Serval
         dist(figure)&.mean
       end
 
+      # Share of the sampled requests whose figure is above zero (how many
+      # waited for a lock at all); nil without samples.
+      def positive_share(figure)
+        vals = @samples.filter_map { |s| value(s, figure) }
+        vals.empty? ? nil : vals.count(&:positive?).fdiv(vals.size)
+      end
+
       def quantile(figure, q)
         if @samples.any?
           vals = @samples.filter_map { |s| value(s, figure) }.sort

@@ -77,12 +77,15 @@ module Serval
         copy
       end
 
-      # The same requests with `share` of their waits held under the lock (nil: none).
-      def with_lock(share)
+      # The same requests with `share` of their waits held under the lock
+      # (nil: none); `within`: only waits of at most that many seconds
+      # (Simulation's lock_within).
+      def with_lock(share, within: nil)
         raise ArgumentError, "lock must be a share in (0, 1]" if share && !(share.positive? && share <= 1)
 
         copy = dup
         copy.instance_variable_set(:@lock, share && Float(share))
+        copy.instance_variable_set(:@lock_within, share && within && Float(within))
         copy
       end
 
@@ -90,6 +93,7 @@ module Serval
       def sim_options
         opts = { loop_cpu: @tail_cpu, between: @between }
         opts[:lock] = @lock if @lock
+        opts[:lock_within] = @lock_within if @lock && @lock_within
         opts
       end
 
@@ -111,7 +115,7 @@ module Serval
                    Workload.new(run: @run, io: ScaledDistribution.new(@io, factor), io_waits: @io_waits, split: @split,
                                 tail_cpu: @tail_cpu, between: @between)
                  end
-        @lock ? scaled.with_lock(@lock) : scaled
+        @lock ? scaled.with_lock(@lock, within: @lock_within) : scaled
       end
 
       # The same requests with every run (and its held spans) multiplied by
@@ -124,7 +128,7 @@ module Serval
                    Workload.new(run: ScaledDistribution.new(@run, factor), io: @io, io_waits: @io_waits, split: @split,
                                 tail_cpu: @tail_cpu, between: @between)
                  end
-        @lock ? scaled.with_lock(@lock) : scaled
+        @lock ? scaled.with_lock(@lock, within: @lock_within) : scaled
       end
 
       # Mean seconds per request holding the GVL / waiting without it.
