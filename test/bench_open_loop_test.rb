@@ -138,6 +138,13 @@ class BenchOpenLoopTest < Minitest::Test
     assert_equal [1.0, nil], Bench::Workloads::Advice.paired_ratios([5.0, 20.0], [[5.0, 10.0], [6.0]]), "a seed a fixed count lacks"
   end
 
+  def test_the_plateau_is_the_median_of_the_rows_from_the_knee_up
+    rows = [400, 755, 779, 546, 614].each_with_index.map { |r, i| { "threads" => 9 + i, "rps" => r.to_f } }
+    assert_equal 684.5, Bench::Workloads::Advice.plateau_median(rows, 10)
+    assert_equal 614.0, Bench::Workloads::Advice.plateau_median(rows, 12)
+    assert_nil Bench::Workloads::Advice.plateau_median(rows, 20)
+  end
+
   def test_percentile_of_nothing_is_nil_and_nearest_rank
     assert_nil Bench::Util.percentile([], 0.99)
     assert_equal 99, Bench::Util.percentile((1..100).to_a, 0.99)

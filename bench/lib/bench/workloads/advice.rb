@@ -151,6 +151,8 @@ module Bench
         open = advice["threads"] ? open_loop(server, kase, db_path, advice, best) : []
         out = summarize(kase, advice, sweep, best, knee, open)
         out["knee_cpu"] = self.class.knee_cpu(sweep)
+        out["plateau_rps"] = self.class.plateau_median(sweep, knee)
+        out["plateau_err"] = out["predicted_rps"] && out["plateau_rps"] ? (out["predicted_rps"] / out["plateau_rps"]) - 1 : nil
         out["auto"] = auto_compare(server, kase, db_path, advice, best, knee) if auto_check?
         out
       end
@@ -172,6 +174,20 @@ module Bench
         sweep[busy.index { |b| b >= 0.95 * top }]["threads"]
       end
 
+      # The median req/s of the sweep's rows from the knee up: past the
+      # knee every row measures the same flat top, each with the machine's
+      # noise (examples/rails: one process's CPU per request moved 1.57-2.17
+      # ms between 3 s segments, bench/NOTES.md "Session 29"), and the best
+      # row is the largest of those draws, so it reads high by about the
+      # noise. Reported beside the best, not instead of it; nil without rows.
+      def self.plateau_median(sweep, knee)
+        top = sweep.select { |r| r["threads"] >= knee }.map { |r| r["rps"] }.compact.sort
+        return nil if top.empty?
+
+        n = top.size
+        n.odd? ? top[n / 2] : (top[(n / 2) - 1] + top[n / 2]) / 2.0
+      end
+
       def summarize(kase, advice, sweep, best, knee, open)
         share = kase.label
         threads = advice["threads"]
@@ -184,7 +200,7 @@ module Bench
         { "share" => kase.respond_to?(:share) ? kase.share : nil, "case" => kase.key, "label" => kase.label,
           "description" => kase.description, "advice" => advice.slice("source", "threads", "knee", "knee_99", "p99_threads", "cpu_share", "max_rps_per_process",
                                                      "requests", "warnings", "workload", "stall", "measured",
-                                                     "cpu_steadiness", "precision"),
+                                                     "cpu_steadiness", "precision", "lock"),
           "advised_threads" => threads, "knee" => knee, "best_rps" => best, "predicted_rps" => advice["max_rps_per_process"],
           "rps_err" => rps_err, "sweep" => sweep, "open_loop" => open, "ok" => ok ? true : false,
           "own_p99_ok" => own_ok }
@@ -700,6 +716,10 @@ module Bench
                             "machine or the client CPU stalled) and are left out of the pooled p99: %.0f ms with them",
                             label, o["load"] * 100, o["behind"].join(", "), o["late_runs"].inspect,
                             o["completed"].to_i / [o["late_runs"].to_a.size, 1].max, o["p99_all_runs_ms"].to_f)
+          end
+          if s["plateau_rps"]
+            notes << format("%s the sweep's rows from the knee up: median %.1f req/s, predicted %s", label, s["plateau_rps"],
+                            pct(s["plateau_err"]))
           end
           notes << "#{label} sweep (threads: measured median / model req/s): " +
                    s["sweep"].map { |r| format("%d: %s / %s", r["threads"], fmt_rps(r["rps"]), fmt_rps(r["model_rps"])) }.join(", ")
