@@ -23,10 +23,10 @@ module Serval
     # logger, whose lock covers its write to the file or pipe), and one
     # that may hold it through any wait (a Mutex around a database call).
     # Each with each share in SHARES is played at the window's thread
-    # count and rate, and #calibrate keeps the one whose simulated lock
-    # waits come closest to the measured ones: their mean and, when the
-    # window has samples, the share of requests that waited at all. The
-    # mean alone cannot tell them apart: a lock held rarely through long
+    # count and its rate while loaded, and #calibrate keeps the one whose
+    # simulated lock waits come closest to the measured ones: their mean
+    # and, when the window has samples, the share of requests that waited
+    # at all. The mean alone cannot tell them apart: a lock held rarely through long
     # waits and one held often through short writes give the same mean,
     # but the first makes a few requests wait long and caps throughput,
     # the second makes most wait briefly (Rails with its logger: 63 % of
@@ -55,7 +55,7 @@ module Serval
         wall = window.mean(:wall)
         waited = window.positive_share(:lock)
         out = { measured_mean: measured.round(6), share_of_wall: wall&.positive? ? (measured / wall).round(4) : nil,
-                measured_waited: waited&.round(4), threads: window.max_threads, rate: window.rate_per_process&.round(2),
+                measured_waited: waited&.round(4), threads: window.max_threads, rate: window.loaded_rate_per_process&.round(2),
                 share: nil, held: nil, within: nil, simulated_mean: nil, simulated_waited: nil, reproduced: nil }
         return out if out[:share_of_wall] && out[:share_of_wall] < MIN_SHARE
         return out unless window.max_threads && window.max_threads >= 2
@@ -66,7 +66,7 @@ module Serval
           SHARES.each do |q| # the distance falls, then rises with the share: stop once it rises
             sim = Simulation.new(profiles, quantum: quantum, handoff: handoff, seed: seed, **workload.sim_options,
                                            lock: q, lock_within: within)
-            runs << [held, q, simulated(sim, window.max_threads, window.rate_per_process, seed)]
+            runs << [held, q, simulated(sim, window.max_threads, window.loaded_rate_per_process, seed)]
             break if runs.size >= 2 && distance(runs[-1][2], measured, waited) > distance(runs[-2][2], measured, waited)
           end
           runs
