@@ -180,13 +180,7 @@ module Bench
       # ms between 3 s segments, bench/NOTES.md "Session 29"), and the best
       # row is the largest of those draws, so it reads high by about the
       # noise. Reported beside the best, not instead of it; nil without rows.
-      def self.plateau_median(sweep, knee)
-        top = sweep.select { |r| r["threads"] >= knee }.map { |r| r["rps"] }.compact.sort
-        return nil if top.empty?
-
-        n = top.size
-        n.odd? ? top[n / 2] : (top[(n / 2) - 1] + top[n / 2]) / 2.0
-      end
+      def self.plateau_median(sweep, knee) = Util.median(sweep.select { |r| r["threads"] >= knee }.map { |r| r["rps"] })
 
       def summarize(kase, advice, sweep, best, knee, open)
         share = kase.label
