@@ -219,8 +219,7 @@ module Serval
         between = @between
         due = 0.0 # loop_cpu not yet run (class comment)
         locked = @lock && locked_waits
-        lstate = Array.new(threads, 0) # the lock (class comment): 2 held, release at next grant
-        holder = nil
+        holder = nil                   # the lock's holder (class comment): it unlocks at its next grant
         line = []                      # threads waiting for the lock, first first
         lfrom = Array.new(threads, 0.0)
         lwait = Array.new(threads, 0.0)
@@ -260,8 +259,7 @@ module Serval
           stall[i] += start - t
           asked[i] = t
           granted[i] = start
-          if lstate[i] == 2 # back with the GVL after its locked wait: unlocks and wakes the first in line
-            lstate[i] = 0
+          if holder == i # back with the GVL after its locked wait: unlocks and wakes the first in line
             holder = nil
             if (w = line.shift) # woken: it asks for the GVL and tries again (class comment)
               lwait[w] += start - lfrom[w]
@@ -319,7 +317,6 @@ module Serval
             if locked && (marks = locked[pidx[i]]) && marks[s / 2]
               if holder.nil? # free: taken, by a woken thread or one that comes to it first
                 holder = i
-                lstate[i] = 2
               else # in line for the lock (at the back, a woken one too), without the GVL; its wait still to come
                 lfrom[i] = gvl_free
                 line << i
