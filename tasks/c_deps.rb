@@ -37,7 +37,7 @@ module CDeps
 
   # The modules that serve a request, and those that attach to them.
   CORE = %w[conn core env errlog hooks loop parser request serval serval_ruby tls transport].freeze
-  OPTIONAL = %w[balance fairness gvl shed shed_core steadiness timing window winslot].freeze
+  OPTIONAL = %w[balance fairness gvl shed shed_core sim steadiness timing window winslot].freeze
   ENTRY = %w[serval_ext].freeze
   LAYERS = { core: CORE, optional: OPTIONAL, entry: ENTRY }.freeze
 

@@ -8,6 +8,7 @@
 #include "gvl.h"
 #include "request.h"
 #include "shed_core.h"
+#include "sim.h"
 #include "steadiness.h"
 #include "timing.h"
 #include "tls.h"
@@ -29,6 +30,7 @@ void Init_serval_ext(void)
     sv_init_gvl(mNative);
     sv_init_steadiness(mNative);
     sv_init_fairness(mNative);
+    sv_init_sim(mNative);
     sv_init_timing(mServal);
     rb_define_const(mNative, "HEADERS_CAP", INT2NUM(SV_HEADERS_CAP));
 }

@@ -7,10 +7,18 @@ module Serval
     def self.quantile(sorted, q)
       return nil if sorted.empty?
 
-      pos = q * (sorted.size - 1)
-      lo = pos.floor
-      hi = pos.ceil
-      sorted[lo] + ((sorted[hi] - sorted[lo]) * (pos - lo))
+      lo, hi, weight = quantile_ranks(sorted.size, q)
+      interpolate(sorted[lo], sorted[hi], weight)
     end
+
+    # The ranks (0: the least) of the two values the q-quantile of `size`
+    # values lies between, and the weight of the upper one.
+    def self.quantile_ranks(size, q)
+      pos = q * (size - 1)
+      lo = pos.floor
+      [lo, pos.ceil, pos - lo]
+    end
+
+    def self.interpolate(lower, upper, weight) = lower + ((upper - lower) * weight)
   end
 end

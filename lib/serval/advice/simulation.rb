@@ -1,6 +1,11 @@
 # frozen_string_literal: true
 
 require "serval/advice/quantile"
+begin
+  require "serval/native_ext" # Native::Sim: the loop compiled (ext/serval/sim.c)
+rescue LoadError
+  nil # not built: the same loop in Ruby (#play_ruby), several times slower
+end
 
 module Serval
   module Advice
@@ -84,6 +89,12 @@ module Serval
     # next event is always "a thread that is waiting gets the GVL" (the one
     # that asked first, or a random waiter), and pool checkouts, which follow
     # GVL releases, are also in time order.
+    #
+    # `engine`: :native runs the loop compiled (ext/serval/sim.c, the
+    # default when the extension is built), :ruby runs #play_ruby. Both give
+    # the same figures to the last bit (test/advice/native_sim_test.rb); the
+    # Ruby loop is the readable one, and a change to the model goes into
+    # both.
     class Simulation
       QUANTUM = 0.1
       SPEED_STEP = 0.25
@@ -98,9 +109,16 @@ module Serval
 
       ORDERS = %i[fifo random].freeze
 
+      ENGINES = %i[native ruby].freeze
+
+      # The engine a Simulation runs by default.
+      def self.default_engine = defined?(Serval::Native::Sim) ? :native : :ruby
+
       def initialize(profiles, quantum: QUANTUM, pool: nil, order: :fifo, seed: 1, handoff: 0.0, speed: nil, scale: 1.0,
-                     loop_cpu: 0.0, between: 0.0, lock: nil, lock_within: nil)
+                     loop_cpu: 0.0, between: 0.0, lock: nil, lock_within: nil, engine: Simulation.default_engine)
         raise ArgumentError, "no request profiles" if profiles.empty?
+        raise ArgumentError, "engine is one of #{ENGINES.join(', ')}" unless ENGINES.include?(engine)
+        raise ArgumentError, "the native engine needs the compiled extension" if engine == :native && !defined?(Serval::Native::Sim)
         raise ArgumentError, "quantum must be > 0" unless quantum.positive?
         raise ArgumentError, "pool must be an Integer >= 1" unless pool.nil? || (pool.is_a?(Integer) && pool >= 1)
 
@@ -128,12 +146,13 @@ module Serval
         @lock_within = lock_within && Float(lock_within)
         raise ArgumentError, "lock_within must be > 0" if @lock_within && !@lock_within.positive?
 
+        @engine = engine
         @options = { quantum: quantum, pool: pool, order: order, seed: seed, handoff: handoff, speed: speed,
-                     loop_cpu: loop_cpu, between: between, lock: lock, lock_within: lock_within }
+                     loop_cpu: loop_cpu, between: between, lock: lock, lock_within: lock_within, engine: engine }
       end
 
       # The same requests with every CPU segment `factor` times as long.
-      def scaled(factor) = Simulation.new(@profiles, **@options, scale: @scale * factor)
+      def scaled(factor) = Simulation.new(@profiles, **@options, scale: @scale * factor).share_packed(self)
 
       # Saturated: `threads` clients, each sending its next request as soon
       # as the previous one is answered.
@@ -151,7 +170,63 @@ module Serval
         play(check(threads), arrivals, offset)
       end
 
+      protected
+
+      # Packed profiles by the profiles Array (identity): the simulations of
+      # one advice share them (the lock's calibration plays the same
+      # profiles a dozen times).
+      PACKED = ObjectSpace::WeakMap.new
+
+      # The profiles packed for the native loop: [segments, offsets].
+      def packed
+        @packed ||= PACKED[@profiles] ||= [@profiles.flatten.pack("d*"),
+                                           @profiles.each_with_object([0]) { |p, o| o << (o.last + p.size) }.pack("q*")]
+      end
+
+      # A scaled copy plays the same requests with the same locked waits.
+      def share_packed(other)
+        @packed = other.packed if @engine == :native
+        @lock_marks = other.lock_marks if @engine == :native && @lock
+        self
+      end
+
+      # #locked_waits as the native loop takes them, drawn from the same
+      # stream in the same order: a byte per segment, 1 where that wait
+      # holds the lock; nil without a lock.
+      def lock_marks
+        return nil unless @lock
+
+        @lock_marks ||= begin
+          bytes = "\0".b * (packed[0].bytesize / 8)
+          rng = Random.new(@seed + 7)
+          q = @lock
+          within = @lock_within
+          at = 0
+          @profiles.each do |p|
+            j = 1
+            while j < p.size
+              bytes.setbyte(at + j, 1) if rng.rand < q && (within.nil? || p[j].abs <= within)
+              j += 2
+            end
+            at += p.size
+          end
+          bytes
+        end
+      end
+
       private
+
+      def play(threads, arrivals, offset)
+        return play_ruby(threads, arrivals, offset) if @engine == :ruby
+
+        segs, offs = packed
+        finished, lat, wall, stall, pwait, queue, lock, busy =
+          Native::Sim.play(segs, offs, lock_marks, threads, arrivals&.pack("d*"),
+                           [@quantum, @handoff, @scale, @loop_cpu, @between, offset || 0.0, SPEED_STEP, @pool || 0],
+                           offset && @speed&.pack("d*"), @order == :random ? Random.new(@seed) : nil)
+        summarize(threads, Packed.new({ finished: finished, latency: lat, wall: wall, stall: stall, pool_wait: pwait,
+                                        queue: queue, lock: lock }), busy)
+      end
 
       # Per profile, which of its waits hold the lock: nil (none) or an
       # Array of booleans by wait (#play). Seeded: every thread count and
@@ -183,7 +258,7 @@ module Serval
         threads
       end
 
-      def play(threads, arrivals, offset)
+      def play_ruby(threads, arrivals, offset)
         n = @profiles.size
         inf = Float::INFINITY
         quantum = @quantum
@@ -348,32 +423,66 @@ module Serval
             rem[i] = (p[s + 1] * scale) + (s + 2 == p.size ? between : 0.0)
           end
         end
-        summarize(threads, finished, { latency: lat_out, wall: wall_out, stall: stall_out, pool_wait: pwait_out,
-                                       queue: queue_out, lock: lock_out }, busy)
+        summarize(threads, Figures.new({ finished: finished, latency: lat_out, wall: wall_out, stall: stall_out,
+                                         pool_wait: pwait_out, queue: queue_out, lock: lock_out }), busy)
       end
 
       # Figures over the steady part: the first tenth of the requests warm up
       # (threads start in step), the last `threads` drain with fewer clients.
-      def summarize(threads, finished, out, busy)
-        n = finished.size
+      # out: by key (finished, latency, wall, ...), one figure per request
+      # in finishing order, as Figures (Ruby Arrays) or Packed (the native
+      # loop's).
+      def summarize(threads, out, busy)
+        n = out.size
         from = n / 10
         to = [n - threads, from + 1].max
         to = n - 1 if to >= n
-        span = finished[to] - finished[from]
+        span = out.at(:finished, to) - out.at(:finished, from)
         rps = span.positive? ? (to - from) / span : Float::INFINITY
-        pick = ->(key) { out[key][from..to].sort }
-        lat = pick.call(:latency)
-        wall = pick.call(:wall)
-        st = pick.call(:stall)
-        mean = ->(a) { a.sum / a.size }
-        Result.new(threads: threads, requests: lat.size, rps: rps,
-                   latency_p50: Advice.quantile(lat, 0.5), latency_p99: Advice.quantile(lat, 0.99),
-                   wall_p50: Advice.quantile(wall, 0.5), wall_p99: Advice.quantile(wall, 0.99),
-                   stall_mean: mean.call(st), stall_p95: Advice.quantile(st, 0.95), stall_max: st.last,
-                   pool_wait_mean: mean.call(out[:pool_wait][from..to]), queue_mean: mean.call(out[:queue][from..to]),
-                   lock_wait_mean: @lock ? mean.call(out[:lock][from..to]) : nil,
-                   lock_waited: @lock ? out[:lock][from..to].count(&:positive?).fdiv(to - from + 1) : nil,
-                   gvl_busy: finished[-1].positive? ? busy / finished[-1] : 0.0)
+        size = to - from + 1
+        quantiles = lambda do |key, *qs|
+          ranks = qs.map { |q| Advice.quantile_ranks(size, q) }
+          values = out.order(key, from, to, ranks.flat_map { |lo, hi, _| [lo, hi] })
+          ranks.each_with_index.map { |(_, _, w), k| Advice.interpolate(values[2 * k], values[(2 * k) + 1], w) }
+        end
+        lat50, lat99 = quantiles.call(:latency, 0.5, 0.99)
+        wall50, wall99 = quantiles.call(:wall, 0.5, 0.99)
+        st95, st_max = quantiles.call(:stall, 0.95, 1.0)
+        last = out.at(:finished, n - 1)
+        Result.new(threads: threads, requests: size, rps: rps,
+                   latency_p50: lat50, latency_p99: lat99, wall_p50: wall50, wall_p99: wall99,
+                   stall_mean: out.sum(:stall, from, to) / size, stall_p95: st95, stall_max: st_max,
+                   pool_wait_mean: out.sum(:pool_wait, from, to) / size, queue_mean: out.sum(:queue, from, to) / size,
+                   lock_wait_mean: @lock ? out.sum(:lock, from, to) / size : nil,
+                   lock_waited: @lock ? out.positive(:lock, from, to).fdiv(size) : nil,
+                   gvl_busy: last.positive? ? busy / last : 0.0)
+      end
+
+      # A run's figures by key, one Array each (#play_ruby).
+      class Figures
+        def initialize(lists) = @lists = lists
+        def size = @lists[:finished].size
+        def at(key, i) = @lists[key][i]
+        def sum(key, from, to) = @lists[key][from..to].sum
+
+        def positive(key, from, to) = @lists[key][from..to].count(&:positive?)
+
+        # The values at these ranks of the slice sorted.
+        def order(key, from, to, ranks)
+          sorted = @lists[key][from..to].sort
+          ranks.map { |r| sorted[r] }
+        end
+      end
+
+      # The native loop's figures: packed doubles by key, read in C
+      # (Native::Sim.order, .sum, .positive - the same values Figures gives).
+      class Packed
+        def initialize(strings) = @strings = strings
+        def size = @strings[:finished].bytesize / 8
+        def at(key, i) = @strings[key].unpack1("d", offset: 8 * i)
+        def sum(key, from, to) = Native::Sim.sum(@strings[key], from, to)
+        def positive(key, from, to) = Native::Sim.positive(@strings[key], from, to)
+        def order(key, from, to, ranks) = Native::Sim.order(@strings[key], from, to, ranks)
       end
     end
   end
