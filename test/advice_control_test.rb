@@ -106,6 +106,34 @@ class AdviceControlTest < Minitest::Test
     assert_match(/no measurement window yet/, body["error"])
   end
 
+  # ControlApp#prepare_advice (Control runs it when the control app
+  # starts): the model's child is up before the first /advice.
+  def test_the_models_child_starts_before_the_first_ask
+    app = Serval::ControlApp.new(WindowLauncher.new(nil), token: TOKEN)
+    app.prepare_advice
+    child = app.send(:model_process)
+    refute_nil child.pid
+    assert_equal :batch, child.priority
+    assert_equal 1, Process.kill(0, child.pid)
+  ensure
+    child&.stop
+  end
+
+  def test_no_child_ahead_when_timing_is_off_or_a_runner_is_given
+    off = WindowLauncher.new(nil)
+    off.define_singleton_method(:options) { { timing: false } }
+    app = Serval::ControlApp.new(off, token: TOKEN)
+    app.prepare_advice
+    assert_nil app.instance_variable_get(:@model_process)
+    runner = Object.new
+    given = Serval::ControlApp.new(WindowLauncher.new(nil), token: TOKEN, runner: runner)
+    given.prepare_advice
+    assert_nil given.instance_variable_get(:@model_process)
+    old = Serval::ControlApp.new(OldLauncher.new, token: TOKEN)
+    old.prepare_advice
+    assert_nil old.instance_variable_get(:@model_process)
+  end
+
   def test_needs_the_token
     app = Rack::Lint.new(Serval::ControlApp.new(WindowLauncher.new(AdviceWindows.window(10)), token: TOKEN))
     assert_equal 403, Rack::MockRequest.new(app).get("/advice?token=nope").status

@@ -28,6 +28,14 @@
  * Serval::Native::Sim.sum(str, from, to)  its sum, compensated as Ruby's
  *   Array#sum compensates (Kahan-Babuska), so that a mean agrees to the bit
  * Serval::Native::Sim.positive(str, from, to)  how many values are > 0
+ *
+ * and two that draw from a Random as the Ruby loop's Simulation does
+ * (rb_random_real is Random#rand), packing what they draw:
+ *
+ * Serval::Native::Sim.arrivals(n, rate, rng)  n Poisson arrival times
+ * Serval::Native::Sim.marks(segs, offs, rng, share, within)  a byte per
+ *   segment, 1 for a wait held under the lock: each wait with probability
+ *   share, and only if it lasts at most `within` seconds (nil: any)
  */
 #include "serval_ruby.h"
 #include "sim.h"
@@ -377,6 +385,47 @@ static VALUE play(VALUE self, VALUE vsegs, VALUE voffs, VALUE vmarks, VALUE vthr
     return result;
 }
 
+static VALUE arrivals(VALUE self, VALUE vn, VALUE vrate, VALUE rng)
+{
+    const long n = NUM2LONG(vn);
+    const double rate = NUM2DBL(vrate);
+    if (n < 0 || !(rate > 0.0)) rb_raise(rb_eArgError, "arrivals need n >= 0 and a rate > 0");
+    VALUE out = rb_str_new(NULL, (long)sizeof(double) * n);
+    double t = 0.0;
+    for (long i = 0; i < n; i++) {
+        t += -log(1.0 - rb_random_real(rng)) / rate;
+        memcpy(RSTRING_PTR(out) + (long)sizeof(double) * i, &t, sizeof(double));
+    }
+    return out;
+}
+
+static VALUE marks(VALUE self, VALUE vsegs, VALUE voffs, VALUE rng, VALUE vshare, VALUE vwithin)
+{
+    long nseg;
+    const double *segs = doubles_of(vsegs, &nseg);
+    StringValue(voffs);
+    const long n = RSTRING_LEN(voffs) / (long)sizeof(int64_t) - 1;
+    const double share = NUM2DBL(vshare);
+    const int any = NIL_P(vwithin);
+    const double within = any ? 0.0 : NUM2DBL(vwithin);
+    VALUE out = rb_str_new(NULL, nseg);
+    memset(RSTRING_PTR(out), 0, (size_t)nseg);
+    for (long p = 0; p < n; p++) {
+        /* re-read each time: rb_random_real may call Ruby (a Random of the user's) */
+        const int64_t *offs = (const int64_t *)RSTRING_PTR(voffs);
+        int64_t from = offs[p], to = offs[p + 1];
+        if (from < 0 || to < from || to > nseg) rb_raise(rb_eArgError, "profile %ld is outside the segments", p);
+        for (int64_t j = from + 1; j < to; j += 2) {
+            double r = rb_random_real(rng);
+            segs = (const double *)RSTRING_PTR(vsegs);
+            if (r < share && (any || fabs(segs[j]) <= within)) RSTRING_PTR(out)[j] = 1;
+        }
+    }
+    RB_GC_GUARD(vsegs);
+    RB_GC_GUARD(voffs);
+    return out;
+}
+
 void sv_init_sim(VALUE mNative)
 {
     id_rand = rb_intern("rand");
@@ -385,4 +434,6 @@ void sv_init_sim(VALUE mNative)
     rb_define_singleton_method(mSim, "order", order, 4);
     rb_define_singleton_method(mSim, "sum", sum, 3);
     rb_define_singleton_method(mSim, "positive", positive, 3);
+    rb_define_singleton_method(mSim, "arrivals", arrivals, 3);
+    rb_define_singleton_method(mSim, "marks", marks, 5);
 }

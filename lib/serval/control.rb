@@ -107,6 +107,7 @@ module Serval
 
     def stop
       @starter.join if @starter && @starter != Thread.current
+      @preparer&.join
       self.class.untrack(self)
       @parts.each do |binder, server|
         server&.stop(STOP_GRACE)
@@ -119,6 +120,7 @@ module Serval
     # Child side of a fork: close our copies of the listeners without
     # unlinking socket files or touching the parent's threads.
     def forget
+      @control_app&.forget_model
       @parts.each { |binder, _| binder.ios.each { |io| io.close unless io.closed? } }
       @forgotten = @parts.dup # the Servers stay referenced, never freed here
       @parts.clear
@@ -129,7 +131,10 @@ module Serval
 
     def start_control
       require "serval/control_app"
-      urls = serve(@options[:control_url], ControlApp.new(@launcher, token: @token, runner: @advice_runner), max_threads: CONTROL_THREADS)
+      @control_app = ControlApp.new(@launcher, token: @token, runner: @advice_runner)
+      urls = serve(@options[:control_url], @control_app, max_threads: CONTROL_THREADS)
+      require "serval/threads"
+      @preparer = Threads.spawn("serval-advice-prep", @log_writer) { @control_app.prepare_advice }
       # tools run from elsewhere: tcp:// as in the config, unix paths absolute
       @control_urls = urls.map { |url| url.sub(%r{\Ahttp://}, "tcp://").sub(%r{\Aunix://(.+)}) { "unix://#{File.expand_path(Regexp.last_match(1))}" } }
     end

@@ -71,6 +71,26 @@ module Serval
       answer(500, error: "#{e.class}: #{e.message}")
     end
 
+    # Readies /advice before anyone asks (Control starts it on a thread of
+    # its own): the advice's code loaded here and the model's child started,
+    # so that the first answer costs what later ones do - on examples/rails
+    # at full load 1.8 s, where booting both on the first ask made it 3.1 s
+    # (bench/NOTES.md "Session 30"). Nothing when timing is off (no window
+    # to advise on) or a runner was given; a child that cannot start is
+    # tried again by the first /advice.
+    def prepare_advice
+      return unless @launcher.respond_to?(:window) && @runner.nil?
+      return if @launcher.respond_to?(:options) && @launcher.options.is_a?(Hash) && @launcher.options[:timing] == false
+
+      require "serval/advice/local"
+      model_process.prestart
+    rescue ModelProcessError
+      nil
+    end
+
+    # In a forked child: the model's child belongs to the parent.
+    def forget_model = @model_process&.forget
+
     private
 
     def token_ok?(given)

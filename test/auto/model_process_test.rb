@@ -96,6 +96,44 @@ class AutoModelProcessTest < Minitest::Test
     assert_raises(Errno::ESRCH, Errno::ECHILD) { Process.kill(0, pid) && Process.wait(pid) }
   end
 
+  # ControlApp#prepare_advice: the child starts before the first call,
+  # and that call is answered by it.
+  def test_prestart_starts_the_child_that_the_first_call_uses
+    assert_nil @process.pid
+    pid = @process.prestart.pid
+    assert_equal 0, Process.kill(0, pid) && 0
+    @process.prestart
+    assert_equal pid, @process.pid, "started once"
+    refute_nil @process.call(@window, max: 4)
+    assert_equal pid, @process.pid
+  end
+
+  # A process forked from the one that started the child (a cluster
+  # worker, a refork) closes its copies of the child's pipes (#forget):
+  # the child then ends with its parent, not with the last fork.
+  def test_a_forked_process_forgets_the_child_so_it_ends_with_its_parent
+    script = <<~RUBY
+      require "serval/auto/model_process"
+      mp = Serval::Auto::ModelProcess.new.prestart
+      kid = fork { $stdout.reopen(File::NULL); mp.forget if ENV["FORGET"] == "1"; $stdin.read; exit!(0) }
+      puts "\#{mp.pid} \#{kid}"
+    RUBY
+    %w[1 0].each do |forget|
+      rd, wr = IO.pipe
+      out = IO.popen({ "FORGET" => forget }, [RbConfig.ruby, "-I", File.expand_path("../../lib", __dir__), "-e", script],
+                     in: rd, &:read)
+      rd.close
+      model, kid = out.split.map(&:to_i)
+      gone = wait_gone(model, forget == "1" ? 10 : 1.5)
+      assert_equal forget == "1", gone, "FORGET=#{forget}: the model's child #{gone ? 'ended' : 'lives on'} with the fork alive"
+      assert process_alive?(kid), "the fork outlives its parent"
+    ensure
+      wr&.close # the fork reads EOF and exits
+      wait_gone(kid, 10) if kid
+      Process.kill(:KILL, model) if model && process_alive?(model)
+    end
+  end
+
   # #submit: the same answer without waiting, the frame in a file of its
   # own (0600) that is gone once answered.
   def test_a_submitted_request_gives_the_same_answer_without_waiting
@@ -223,5 +261,25 @@ class AutoModelProcessTest < Minitest::Test
       flunk "no answer in #{timeout} s" if left <= 0
       request.io.wait_readable(left)
     end
+  end
+
+  private
+
+  # A process that is not this one's child: gone, or a zombie nobody reaps.
+  def process_alive?(pid)
+    state = File.read("/proc/#{pid}/stat").split(") ").last.split.first
+    state != "Z"
+  rescue Errno::ENOENT, Errno::ESRCH
+    false
+  end
+
+  def wait_gone(pid, seconds)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+    while process_alive?(pid)
+      return false if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+      sleep 0.05
+    end
+    true
   end
 end

@@ -164,8 +164,12 @@ module Serval
       def open(threads, rate:, rng: Random.new(1))
         raise ArgumentError, "rate must be > 0" unless rate.positive?
 
-        t = 0.0
-        arrivals = Array.new(@profiles.size) { t += -Math.log(1.0 - rng.rand) / rate }
+        arrivals = if @engine == :native
+                     Native::Sim.arrivals(@profiles.size, rate, rng) # packed, the same draws
+                   else
+                     t = 0.0
+                     Array.new(@profiles.size) { t += -Math.log(1.0 - rng.rand) / rate }
+                   end
         offset = @speed ? rng.rand * @speed.size * SPEED_STEP : 0.0
         play(check(threads), arrivals, offset)
       end
@@ -196,22 +200,7 @@ module Serval
       def lock_marks
         return nil unless @lock
 
-        @lock_marks ||= begin
-          bytes = "\0".b * (packed[0].bytesize / 8)
-          rng = Random.new(@seed + 7)
-          q = @lock
-          within = @lock_within
-          at = 0
-          @profiles.each do |p|
-            j = 1
-            while j < p.size
-              bytes.setbyte(at + j, 1) if rng.rand < q && (within.nil? || p[j].abs <= within)
-              j += 2
-            end
-            at += p.size
-          end
-          bytes
-        end
+        @lock_marks ||= Native::Sim.marks(*packed, Random.new(@seed + 7), @lock, @lock_within)
       end
 
       private
@@ -221,7 +210,7 @@ module Serval
 
         segs, offs = packed
         finished, lat, wall, stall, pwait, queue, lock, busy =
-          Native::Sim.play(segs, offs, lock_marks, threads, arrivals&.pack("d*"),
+          Native::Sim.play(segs, offs, lock_marks, threads, arrivals,
                            [@quantum, @handoff, @scale, @loop_cpu, @between, offset || 0.0, SPEED_STEP, @pool || 0],
                            offset && @speed&.pack("d*"), @order == :random ? Random.new(@seed) : nil)
         summarize(threads, Packed.new({ finished: finished, latency: lat, wall: wall, stall: stall, pool_wait: pwait,

@@ -171,6 +171,27 @@ module Serval
         end
       end
 
+      # Starts the child now unless it runs (the control app, ahead of the
+      # first /advice: ControlApp#prepare_advice). Raises ModelProcessError.
+      def prestart
+        @lock.synchronize { start unless @pid }
+        self
+      end
+
+      # In a process forked from the one that started the child: the pipes
+      # are the parent's, so they are closed here (or the child would not
+      # see its EOF when the parent ends) and the child is left alone.
+      def forget
+        [@to, @from].each do |io|
+          io&.close
+        rescue IOError
+          nil
+        end
+        @to = @from = @pid = @request = nil
+        @lock = Monitor.new # another thread may have held it at the fork
+        @turn = @lock.new_cond
+      end
+
       # Kills the child first, so that a call in progress in another thread
       # ends at once (its read fails) instead of holding the lock, and a
       # submitted request ends with it (its #poll raises).
