@@ -151,6 +151,19 @@ class AutoModelProcessTest < Minitest::Test
     refute_nil @process.submit(:model, @window, **options), "the next one"
   end
 
+  # Rails sets Encoding.default_internal (config.encoding, UTF-8): the
+  # frame's file is still written as bytes (the advice log's check failed
+  # on every Rails app with "\xC7" from ASCII-8BIT to UTF-8).
+  def test_a_submitted_request_works_with_rails_default_internal
+    internal = Encoding.default_internal
+    Encoding.default_internal = Encoding::UTF_8
+    window = @window.merge("label" => "caf\u00e9 \u2615") # bytes above 0x7f in the frame for sure
+    options = { max: 4 }
+    assert_equal Serval::Auto::Model.call(window, **options), answer_of(@process.submit(:model, window, **options))
+  ensure
+    Encoding.default_internal = internal
+  end
+
   # A blocking call from another thread waits for the submitted request
   # (one child, one turn at a time).
   def test_a_blocking_call_waits_for_a_submitted_request

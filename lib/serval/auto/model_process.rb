@@ -285,7 +285,10 @@ module Serval
       # The request's frame, in a new file only this user can read.
       def write_file(data)
         path = File.join(Dir.tmpdir, "serval-model-#{Process.pid}-#{object_id}-#{rand(1 << 32)}.bin")
-        File.open(path, File::WRONLY | File::CREAT | File::EXCL | File::BINARY, 0o600) { |f| f.write(data) }
+        # binmode: File::BINARY is no binmode on Linux, and under Rails
+        # (Encoding.default_internal = UTF-8) a text-mode write transcodes
+        # the Marshal bytes and fails on the first byte above 0x7f
+        File.open(path, File::WRONLY | File::CREAT | File::EXCL, 0o600, binmode: true) { |f| f.write(data) }
         path
       rescue SystemCallError => e
         unlink(path)
