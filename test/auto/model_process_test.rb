@@ -102,6 +102,8 @@ class AutoModelProcessTest < Minitest::Test
     assert_nil @process.pid
     pid = @process.prestart.pid
     assert_equal 0, Process.kill(0, pid) && 0
+    nice = File.read("/proc/#{pid}/stat").split(") ").last.split[16].to_i
+    assert_equal Serval::Auto::ModelProcess::NICE, nice, "niced from here at once, before the child's Ruby has booted"
     @process.prestart
     assert_equal pid, @process.pid, "started once"
     refute_nil @process.call(@window, max: 4)

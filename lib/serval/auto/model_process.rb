@@ -326,12 +326,22 @@ module Serval
         nice, policy = @priority
         @pid = Process.spawn(RbConfig.ruby, "-I", LIB, @child, nice.to_s, policy, in: child_in, out: child_out,
                                                                                   err: :err, close_others: true)
+        niced(@pid, nice)
         child_in.close
         child_out.close
         @to.binmode
         @from.binmode
       rescue SystemCallError => e
         raise ModelProcessError, "model process did not start: #{e.message}"
+      end
+
+      # The child's nice value set from here at once, so that its Ruby boots
+      # and loads the model at it too (the child sets it again itself): at
+      # nice 0 that boot took a share of a busy server's CPU at every start.
+      def niced(pid, nice)
+        Process.setpriority(Process::PRIO_PROCESS, pid, nice) if nice.positive?
+      rescue SystemCallError
+        nil # not allowed: the child tries itself
       end
 
       def write_frame(data)
