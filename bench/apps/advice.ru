@@ -23,6 +23,7 @@ require File.expand_path("../lib/bench/draws", __dir__)
 HEADERS = { "content-type" => "text/plain" }.freeze
 THREAD_CLOCK = Process::CLOCK_THREAD_CPUTIME_ID
 DB_PATH = ENV.fetch("FAKE_DB_SOCKET") { abort "advice.ru: FAKE_DB_SOCKET is not set" }
+STAMP = ENV["FAKE_DB_STAMP"] == "1" # send the query's CLOCK_MONOTONIC ns too (fake_db.rb logs the remote's real time)
 
 def burn(seconds)
   stop = Process.clock_gettime(THREAD_CLOCK) + seconds
@@ -47,7 +48,7 @@ def exponential(mean, uniform) = -Math.log(1.0 - uniform) * mean
 
 def query(delay)
   db = (Thread.current[:advice_db] ||= UNIXSocket.new(DB_PATH))
-  db.write("#{(delay * 1e6).round}\n")
+  db.write(STAMP ? "#{(delay * 1e6).round} #{Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)}\n" : "#{(delay * 1e6).round}\n")
   answer = db.gets
   raise "fake db answered #{answer.inspect}" unless answer == "ok\n"
 rescue IOError, SystemCallError

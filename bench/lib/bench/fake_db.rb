@@ -9,7 +9,11 @@ module Bench
   # PostgreSQL) without the server's CPU doing the waiting.
   #
   # Protocol, one line each way: the client sends "<microseconds>\n", the
-  # server sleeps that long and answers "ok\n". One thread per connection
+  # server sleeps that long and answers "ok\n". A client may add its
+  # CLOCK_MONOTONIC nanoseconds at the send ("<microseconds> <ns>\n"); with
+  # FAKE_DB_LOG set, each such query is logged as "<ns sent> <ns answered>
+  # <microseconds asked>": the remote's real time, the ground truth for the
+  # I/O a window reads (bench/window_at). One thread per connection
   # (the app keeps one connection per thread, like a pool of size = threads);
   # a sleeping thread uses no CPU. The harness runs it pinned to the load
   # generator's CPU (BENCH_CLIENT_CPU), away from the server's.
@@ -18,8 +22,10 @@ module Bench
   class FakeDB
     MAX_DELAY_US = 10_000_000 # a query asking for more is answered at once with "error"
 
-    def initialize(path)
+    def initialize(path, log: ENV["FAKE_DB_LOG"])
       @path = path
+      @log = log && File.open(log, "a").tap { |f| f.sync = true }
+      @log_lock = Mutex.new
     end
 
     def run
@@ -39,18 +45,27 @@ module Bench
 
     def serve(conn)
       while (line = conn.gets)
-        us = Integer(line.strip, exception: false)
+        asked, sent = line.split(" ", 2)
+        us = Integer(asked.to_s, exception: false)
         if us.nil? || us.negative? || us > MAX_DELAY_US
           conn.write("error\n")
           next
         end
         sleep(us / 1e6) if us.positive?
         conn.write("ok\n")
+        note(sent, us)
       end
     rescue IOError, SystemCallError
       nil
     ensure
       conn.close unless conn.closed?
+    end
+
+    def note(sent, us)
+      return unless @log && (ns = Integer(sent.to_s.strip, exception: false))
+
+      line = "#{ns} #{Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)} #{us}\n"
+      @log_lock.synchronize { @log.write(line) }
     end
   end
 end
