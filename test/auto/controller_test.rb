@@ -7,9 +7,11 @@ require "serval/auto/controller"
 class AutoControllerTest < Minitest::Test
   include Serval::Auto
 
-  def m(threads:, rps: 100.0, queue: 0.02, stall: 0.001, wall: 0.02, gvl: 0.5, pool: nil, pool_name: nil, seconds: 5.0)
+  def m(threads:, rps: 100.0, queue: 0.02, stall: 0.001, wall: 0.02, gvl: 0.5, pool: nil, pool_name: nil, seconds: 5.0,
+        lock: nil)
     Measurement.new(seconds: seconds, requests: (rps * seconds).round, threads: threads, queue_p90: queue,
-                    stall_mean: stall, stall_p95: stall * 2, wall_mean: wall, gvl: gvl, pool: pool, pool_name: pool_name)
+                    stall_mean: stall, stall_p95: stall * 2, wall_mean: wall, gvl: gvl, pool: pool, pool_name: pool_name,
+                    lock_mean: lock)
   end
 
   def controller(**kw)
@@ -139,6 +141,45 @@ class AutoControllerTest < Minitest::Test
     # within slack of the target: holds even though requests stall
     c2 = controller(initial: 7, cooldown: 0)
     4.times { refute c2.observe(m(threads: 7, stall: 0.03, wall: 0.05, gvl: 0.99), model: model).changed }
+  end
+
+  # A CPU-bound action that logs (bench/apps/logging.ru): its threads wait
+  # for the logger's monitor, not for the GVL, so the stall alone is small;
+  # the lock's waits count as stall (Ruby 3.3+, where they are measured), and
+  # the model's knee of 1 takes the count down. Without them (nil: Ruby
+  # 3.1/3.2) the same figures hold.
+  def test_lock_waits_count_as_stall
+    model = { rps: [190, 190, 190, 190, 190, 190], stall: Array.new(6, 0.0) }
+    c = controller(initial: 5, cooldown: 0)
+    waits = { threads: 5, rps: 190, stall: 0.004, wall: 0.026, gvl: 0.99 }
+    c.observe(m(**waits, lock: 0.0128), model: model)
+    d = c.observe(m(**waits, lock: 0.0128), model: model)
+    assert d.changed
+    assert_equal 3, d.target, "bounded step from 5 toward the model's 2 (knee 1 + margin 1)"
+    assert_match(/the model gives 2 threads 190 req\/s, as many as 5 \(190\) with less stall; .*lock wait mean 12\.8 ms/,
+                 d.reason)
+    before = controller(initial: 5, cooldown: 0)
+    4.times { refute before.observe(m(**waits), model: model).changed }
+    assert_equal 5, before.target
+    refute_match(/lock wait/, before.reason)
+    assert_in_delta 0.0168, m(**waits, lock: 0.0128).waiting, 1e-12
+    assert_in_delta 0.004, m(**waits).waiting, 1e-12
+  end
+
+  # Measured at n and n - 1 threads: the rule compares waiting (GVL and
+  # lock; a count's figures are the mean of its two latest intervals), and
+  # says so.
+  def test_measured_down_compares_lock_waits_too
+    c = controller(initial: 5, cooldown: 0, agree: 1, step: 1)
+    c.observe(m(threads: 5, rps: 120.0, queue: 0.05, stall: 0.002, wall: 0.03, gvl: 0.99, lock: 0.001))
+    c.instance_variable_set(:@target, 4) # as if it had gone down to measure
+    c.observe(m(threads: 4, rps: 120.0, queue: 0.05, stall: 0.002, wall: 0.025, gvl: 0.99, lock: 0.0005))
+    c.instance_variable_set(:@target, 5)
+    d = c.observe(m(threads: 5, rps: 120.4, queue: 0.05, stall: 0.002, wall: 0.03, gvl: 0.99, lock: 0.004))
+    assert d.changed, d.reason
+    assert_equal 4, d.target
+    assert_match(/5 threads served 120\.2 req\/s, 4 served 120\.0 with less waiting for the GVL and locks \(2\.5 vs 4\.5 ms\)/,
+                 d.reason)
   end
 
   # The model says hold (its target is 4) but requests queue while the GVL is

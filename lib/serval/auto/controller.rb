@@ -12,13 +12,20 @@ module Serval
     #   queue_mean  its mean
     #   stall_mean  mean time a request waited for the GVL (0 on Ruby 3.1: unknown)
     #   stall_p95   95th percentile of the same
+    #   lock_mean   mean time a request waited for a Ruby lock (nil before Ruby 3.3:
+    #               not told from I/O). Like the GVL a lock serialises the threads,
+    #               and more threads wait longer for it (a logger's monitor): the
+    #               rules that ask whether requests stall count both (#waiting)
     #   wall_mean   mean time from app call to response handed over
     #   gvl         share of the interval some thread held the GVL (Ruby 3.1: process CPU)
     #   pool        the smallest database pool's size; nil without Active Record
     #   pool_name   its name, for the reason
     Measurement = Struct.new(:seconds, :requests, :threads, :queue_p90, :queue_mean, :stall_mean, :stall_p95,
-                             :wall_mean, :gvl, :pool, :pool_name, keyword_init: true) do
+                             :wall_mean, :gvl, :pool, :pool_name, :lock_mean, keyword_init: true) do
       def rps = seconds.positive? ? requests / seconds : 0.0
+
+      # Mean time a request waited for the GVL or a Ruby lock.
+      def waiting = stall_mean.to_f + lock_mean.to_f
 
       # Mean time from a request's arrival in Serval to its response.
       def latency = (queue_mean || queue_p90).to_f + wall_mean.to_f
@@ -178,7 +185,7 @@ module Serval
         @votes = []
         @quiet = 0       # intervals left in cooldown
         @tick = 0
-        @seen = {}       # threads => [rps, stall_mean, tick, latency] measured while requests queued
+        @seen = {}       # threads => [rps, waiting (stall + lock), tick, latency] measured while requests queued
         @ceiling = nil   # [threads, until tick, the model's target when set]
         @want = nil      # the model's latest target
         @open_model = nil # the latest model seen at part load ...
@@ -249,7 +256,8 @@ module Serval
       end
 
       # "Down when stall grows without throughput gain", from what this
-      # process measured at n - 1 and n threads under the same queueing.
+      # process measured at n - 1 and n threads under the same queueing
+      # (stall: the GVL's and, where measured, a Ruby lock's waits).
       def measured_down(m, n)
         below = @seen[n - 1]
         here = @seen[n]
@@ -258,8 +266,9 @@ module Serval
                           here[3] > below[3] * (1 - @s[:down_gain])
 
         @ceiling = [n - 1, @tick + @s[:memory], @want]
-        [:down, n - 1, format("%d threads served %.1f req/s, %d served %.1f with less stall (%.1f vs %.1f ms)",
-                              n, here[0], n - 1, below[0], below[1] * 1e3, here[1] * 1e3)]
+        [:down, n - 1, format("%d threads served %.1f req/s, %d served %.1f with less %s (%.1f vs %.1f ms)",
+                              n, here[0], n - 1, below[0], m.lock_mean ? "waiting for the GVL and locks" : "stall",
+                              below[1] * 1e3, here[1] * 1e3)]
       end
 
       def model_vote(m, model, cap, queued)
@@ -397,7 +406,7 @@ module Serval
       end
 
       def stalling?(m)
-        m.wall_mean.to_f.positive? && m.stall_mean.to_f > @s[:stall_share] * m.wall_mean
+        m.wall_mean.to_f.positive? && m.waiting > @s[:stall_share] * m.wall_mean
       end
 
       # A count measured to add nothing stays the ceiling for `memory`
@@ -417,7 +426,7 @@ module Serval
         @seen.delete_if { |_, v| v[2] < @tick - @s[:memory] }
         return unless m.threads && m.requests >= @s[:min_requests] && m.queue_p90.to_f > @s[:queue_target]
 
-        now = [m.rps, m.stall_mean.to_f, @tick, m.latency]
+        now = [m.rps, m.waiting, @tick, m.latency]
         old = @seen[m.threads]
         now = [(old[0] + now[0]) / 2, (old[1] + now[1]) / 2, @tick, (old[3] + now[3]) / 2] if old
         @seen[m.threads] = now
@@ -443,6 +452,7 @@ module Serval
         parts = [format("queue p90 %.0f ms", m.queue_p90.to_f * 1e3)]
         parts << format("gvl %d %%", (m.gvl * 100).round) if m.gvl
         parts << format("stall p95 %.0f ms", m.stall_p95 * 1e3) if m.stall_p95
+        parts << format("lock wait mean %.1f ms", m.lock_mean * 1e3) if m.lock_mean.to_f.positive?
         parts << format("%.0f req/s", m.rps)
         "; #{parts.join(', ')}"
       end

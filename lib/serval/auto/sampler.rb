@@ -13,8 +13,9 @@ module Serval
     # pools. Reading costs the tuner thread a few microseconds; requests pay
     # nothing.
     class Sampler
-      QUEUE = 0 # index of each figure in Timing.aggregate (Timing::Recorder::METRICS)
+      QUEUE = 0 # index of each figure in Timing.aggregate (Timing::Recorder::METRICS, COUNTERS)
       STALL = 3
+      LOCK = 6  # only where lock waits are told from I/O (Native::GVL.lock_split?, Ruby 3.3+)
 
       def initialize(clock: -> { Process.clock_gettime(Process::CLOCK_MONOTONIC) })
         @clock = clock
@@ -38,6 +39,7 @@ module Serval
         if split
           m.stall_mean = (now[:sums][STALL] - before[:sums][STALL]) / m.requests
           m.stall_p95 = self.class.quantile(now[:bounds], counts[STALL * slots, slots], 0.95)
+          m.lock_mean = (now[:sums][LOCK] - before[:sums][LOCK]) / m.requests if lock_split? && now[:sums][LOCK]
         end
         m.wall_mean = (now[:wall] - before[:wall]) / m.requests
         m.gvl = ((now[:held] - before[:held]) / m.seconds).clamp(0.0, 1.0)
@@ -72,6 +74,8 @@ module Serval
       end
 
       private
+
+      def lock_split? = Native::GVL.lock_split?
 
       def read
         counts, sums, _cpu, bounds, wall, timed = Timing.aggregate
