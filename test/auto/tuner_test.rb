@@ -70,6 +70,38 @@ class AutoTunerTest < Minitest::Test
     assert_equal 0, t.stats[:model_runs]
   end
 
+  # A runner whose child ended (EOF on its pipe).
+  class BrokenRunner
+    attr_reader :calls
+
+    def call(*, **)
+      @calls = calls.to_i + 1
+      raise Serval::ModelProcessError, "model process: EOFError: end of file reached"
+    end
+
+    def stop = nil
+  end
+
+  # A broken child: the run is done in the server process this time, said
+  # once. But when the server is stopping (#stop ends the child under a run
+  # that waits for it), nothing is run here and nothing is said: a graceful
+  # stop does not spend its time on a model.
+  def test_a_broken_child_runs_here_except_while_stopping
+    options = { auto_interval: 1.0, min_threads: 1, threads_auto_max: 8, max_threads: 4 }
+    log = Log.new
+    t = Serval::Auto::Tuner.new(FakeServer.new, Pool.new(1, 4), options, log, runner: BrokenRunner.new)
+    in_process = 0
+    Serval::Auto::Model.stub(:call, ->(*, **) { in_process += 1 }) do
+      t.send(:refresh_model, 10.0)
+      assert_equal 1, in_process
+      assert_match(/runs its model in the server process this time/, log.warnings.first)
+      t.stop
+      t.send(:refresh_model, 10.0)
+    end
+    assert_equal 1, in_process, "not run in the server process while it stops"
+    assert_equal 1, log.warnings.size
+  end
+
   # Runs `ticks` intervals with Model.call answering from `knees` (one knee
   # per call, the last repeated); returns the ticks at which the model ran.
   def model_ticks(ticks, knees, p99s: nil)

@@ -71,6 +71,7 @@ module Serval
       end
 
       def stop
+        @stopping = true # a model run cut short by the child's stop is not redone here
         @ticker&.stop(5)
         @runner&.stop if @runner.respond_to?(:stop)
       end
@@ -108,7 +109,7 @@ module Serval
 
       # In the child process (ModelProcess) when there is one; in this
       # process when it fails (said once in the log; the next run tries a
-      # new child). A child that got no CPU in time (idle priority on a CPU
+      # new child), unless the server is stopping (#stop ends the child). A child that got no CPU in time (idle priority on a CPU
       # the server keeps busy) is not replaced by a run here, which would take
       # the GVL from the requests then: the run is skipped (the controller
       # goes on with the last model) and later children run at nice 0 with
@@ -125,6 +126,8 @@ module Serval
         end
         nil
       rescue ModelProcessError => e
+        return nil if @stopping # the server stops: its child was ended under a waiting run
+
         @log_writer.warn("threads: auto runs its model in the server process this time (#{e.message})") unless @runner_failed
         @runner_failed = true
         Model.call(window, **options)
