@@ -138,6 +138,13 @@ class BenchOpenLoopTest < Minitest::Test
     assert_equal [1.0, nil], Bench::Workloads::Advice.paired_ratios([5.0, 20.0], [[5.0, 10.0], [6.0]]), "a seed a fixed count lacks"
   end
 
+  def test_the_servers_compared_take_turns_first_and_last
+    orders = Bench::Workloads::Advice.rotations(3, 3)
+    assert_equal [[0, 1, 2], [1, 2, 0], [2, 0, 1]], orders
+    3.times { |k| assert_equal [0, 1, 2], orders.map { |o| o.index(k) }.sort, "server #{k} once in each place" }
+    assert_equal [[0, 1], [1, 0], [0, 1]], Bench::Workloads::Advice.rotations(2, 3)
+  end
+
   def test_the_plateau_is_the_median_of_the_rows_from_the_knee_up
     rows = [400, 755, 779, 546, 614].each_with_index.map { |r, i| { "threads" => 9 + i, "rps" => r.to_f } }
     assert_equal 684.5, Bench::Workloads::Advice.plateau_median(rows, 10)

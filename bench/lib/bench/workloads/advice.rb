@@ -493,16 +493,24 @@ module Bench
 
       # A server on the case's app (kase nil: bench/apps/advice.ru, as `auto` asks).
       def with_db_server(server, db_path, threads, extra: [], kase: nil)
-        if kase
-          proc = kase.start(server, threads, db_path, extra: extra)
-        else
-          proc = AdviceServer.new(server, app: app_path("advice.ru"), port: Util.free_port, threads: threads,
-                                  db: db_path, extra: extra).start
-          proc.wait_ready(path: "/")
-        end
+        proc = start_db_server(server, db_path, threads, extra: extra, kase: kase)
         yield proc
       ensure
         proc&.stop
+      end
+
+      def start_db_server(server, db_path, threads, extra: [], kase: nil)
+        return kase.start(server, threads, db_path, extra: extra) if kase
+
+        proc = AdviceServer.new(server, app: app_path("advice.ru"), port: Util.free_port, threads: threads,
+                                db: db_path, extra: extra).start
+        begin
+          proc.wait_ready(path: "/")
+        rescue StandardError
+          proc.stop
+          raise
+        end
+        proc
       end
 
       def median(list) = Util.median(list)
@@ -516,10 +524,8 @@ module Bench
       # `bench/run auto` so far; fewer threads queue). Each server, fixed or
       # auto, gets the same treatment: auto_warmup s of the same arrivals
       # (not counted; auto moves its count meanwhile), then `rounds` runs of
-      # open_seconds with arrival seeds 1.., p99 of their latencies pooled.
-      # Auto's count after the warm-up and after each run, its changes in
-      # the measured runs (`moved`: it had not settled) and its `threads:`
-      # log lines are kept.
+      # open_seconds with arrival seeds 1.., alternated between the servers
+      # (#open_compare), p99 of each server's latencies pooled.
       #
       # The rate must be one the best fixed count sustains open loop, or the
       # comparison is between overloads (session 21, Rails: 80 % of the
@@ -533,21 +539,21 @@ module Bench
       def auto_compare(server, kase, db_path, advice, best, knee)
         rate = (auto_load * best).round(2)
         counts = [knee, knee + 1, advice["threads"]].compact.select(&:positive?).uniq.sort
-        fixed = fixed_open(server, kase, db_path, counts, rate)
+        fixed, auto = open_compare(server, kase, db_path, counts, rate, auto: true)
         best_fixed = fixed.min_by { |f| f["p99_ms"] || Float::INFINITY }
         basis = format("%.0f %% of the closed-loop sweep's best (%.1f req/s)", auto_load * 100, best)
         overloaded = nil
         unless best_fixed["sustained"]
           capacity = fixed.map { |f| f["goodput_rps"].to_f }.max
-          overloaded = { "rate" => rate, "fixed" => fixed, "capacity_rps" => capacity }
+          overloaded = { "rate" => rate, "fixed" => fixed, "auto" => auto, "capacity_rps" => capacity }
           rate = (auto_load * capacity).round(2)
           basis = format("%.0f %% of the open-loop capacity (%.1f req/s: the best goodput of the fixed counts at %.1f " \
                          "req/s, which the best of them did not sustain)", auto_load * 100, capacity, overloaded["rate"])
           ctx.log "advice: #{kase.label}: no fixed count kept up open loop at #{overloaded['rate']} req/s; again at #{rate} (#{basis})"
-          fixed = fixed_open(server, kase, db_path, counts, rate)
+          # auto again too: its runs alternate with the fixed counts'
+          fixed, auto = open_compare(server, kase, db_path, counts, rate, auto: true)
           best_fixed = fixed.min_by { |f| f["p99_ms"] || Float::INFINITY }
         end
-        auto = auto_open(server, kase, db_path, rate)
         ratio = auto["p99_ms"] && best_fixed["p99_ms"] ? auto["p99_ms"] / best_fixed["p99_ms"] : nil
         paired = self.class.paired_ratios(auto["runs_p99_ms"], fixed.map { |f| f["runs_p99_ms"] })
         ctx.log format("advice: %s auto open %.1f req/s: p99 %.1f ms at %s threads; best fixed %d: %.1f ms (%.2f x); " \
@@ -590,64 +596,87 @@ module Bench
         end
       end
 
-      def fixed_open(server, kase, db_path, counts, rate)
-        counts.map do |t|
-          runs = with_db_server(server, db_path, t, kase: kase) { |proc| aged_open_runs(proc, kase, rate) }
-          p99 = pooled_percentile(runs, 0.99)
-          sustained = self.class.sustained?(runs)
-          goodput = runs.sum { |m| m["goodput_rps"].to_f } / runs.size
-          ctx.log format("advice: %s fixed %d threads open %.1f req/s: p99 %.1f ms (runs %s), goodput %.1f req/s%s", kase.label, t,
-                         rate, p99.to_f, runs.map { |m| m["p99_ms"].to_f.round(1) }.inspect, goodput, sustained ? "" : ", behind")
-          { "threads" => t, "p99_ms" => p99, "p50_ms" => pooled_percentile(runs, 0.5), "runs_p99_ms" => runs.map { |m| m["p99_ms"] },
-            "late" => runs.map { |m| m["late"].to_i }, "errors" => runs.sum { |m| m["errors"].to_i },
-            "goodput_rps" => goodput.round(2), "sustained" => sustained }
+      # Every server of a comparison (the fixed counts, then auto if asked)
+      # runs at once, idle but for its own runs, and their runs alternate:
+      # run i (arrival seed i + 1) goes through the servers in the order
+      # rotated by i, so no server is always first or last and each seed's
+      # runs are minutes apart at most. A server's warm-up (auto_warmup s
+      # of the arrivals, seed 0, not counted) comes right before its first
+      # run. (Before session 32 each server ran alone, auto's last, four
+      # minutes after the fixed counts': its 1.21x at 10 % CPU in two bench
+      # runs was 0.80-1.07x alternated with a fixed count, bench/NOTES.md
+      # "Session 31".)
+      def open_compare(server, kase, db_path, counts, rate, auto: false)
+        servers = counts.map { |t| { "threads" => t } }
+        servers << { "auto" => true } if auto
+        servers.each do |s|
+          extra = []
+          if s["auto"]
+            s["control"] = [Util.free_port, AdviceSource.token]
+            extra = ["--control-url", "tcp://127.0.0.1:#{s['control'][0]}", "--control-token", s["control"][1]]
+          end
+          s["proc"] = start_db_server(server, db_path, s["auto"] ? "auto" : s["threads"], kase: kase, extra: extra)
+          s["runs"] = []
+          s["per_run"] = []
         end
+        self.class.rotations(servers.size, rounds).each_with_index do |order, i|
+          order.each do |k|
+            s = servers[k]
+            if i.zero?
+              open_run_on(s["proc"], kase, rate, auto_warmup, 0, latencies: false) if auto_warmup.positive?
+              s["warmed"] = auto_stats(s) if s["auto"]
+            end
+            s["runs"] << open_run_on(s["proc"], kase, rate, open_seconds, i + 1)
+            s["per_run"] << auto_stats(s)&.dig("target_threads") if s["auto"]
+          end
+        end
+        fixed = servers.reject { |s| s["auto"] }.map { |s| fixed_result(kase, s["threads"], rate, s["runs"]) }
+        [fixed, auto ? auto_result(kase, servers.last) : nil]
+      ensure
+        servers&.each { |s| s["proc"]&.stop }
       end
 
-      def auto_open(server, kase, db_path, rate)
-        control_port = Util.free_port
-        token = AdviceSource.token
-        extra = ["--control-url", "tcp://127.0.0.1:#{control_port}", "--control-token", token]
-        with_db_server(server, db_path, "auto", kase: kase, extra: extra) do |proc|
-          stats = lambda do
-            res = HTTP.get("127.0.0.1", control_port, "/stats?token=#{token}", timeout: 10)
-            res.status == 200 ? JSON.parse(res.body)["auto"] : nil
-          rescue SystemCallError, IOError, JSON::ParserError, HTTP::Timeout
-            nil
-          end
-          per_run = []
-          warmed = nil
-          runs = aged_open_runs(proc, kase, rate, after_warmup: -> { warmed = stats.call }) do
-            per_run << stats.call&.dig("target_threads")
-          end
-          lines = File.readlines(proc.log_path).grep(/threads: \d+ -> \d+/).map(&:strip)
-          a = stats.call
-          moved = a && warmed ? a["changes"].to_i - warmed["changes"].to_i : nil
-          ctx.log format("advice: %s auto: p99 runs %s, threads %s after the warm-up, %s after each run (%s changes in " \
-                         "the runs); %d changes: %s", kase.label, runs.map { |m| m["p99_ms"].to_f.round(1) }.inspect,
-                         warmed&.dig("target_threads").inspect, per_run.inspect, moved.inspect, lines.size,
-                         lines.last(3).join(" | "))
-          { "p99_ms" => pooled_percentile(runs, 0.99), "p50_ms" => pooled_percentile(runs, 0.5),
-            "runs_p99_ms" => runs.map { |m| m["p99_ms"] }, "threads" => a&.dig("target_threads"),
-            "threads_after_warmup" => warmed&.dig("target_threads"), "threads_per_run" => per_run,
-            "moved" => moved, "model_threads" => a&.dig("model_threads"), "model_open_threads" => a&.dig("model_open_threads"),
-            "reason" => a&.dig("reason"), "log" => lines, "late" => runs.map { |m| m["late"].to_i },
-            "errors" => runs.sum { |m| m["errors"].to_i } }
-        end
+      # rounds orders of n servers: order i is 0...n rotated by i.
+      def self.rotations(n, rounds) = Array.new(rounds) { |i| (0...n).to_a.rotate(i) }
+
+      def auto_stats(s)
+        port, token = s["control"]
+        res = HTTP.get("127.0.0.1", port, "/stats?token=#{token}", timeout: 10)
+        res.status == 200 ? JSON.parse(res.body)["auto"] : nil
+      rescue SystemCallError, IOError, JSON::ParserError, HTTP::Timeout
+        nil
       end
 
-      # On a running server: auto_warmup s of the arrivals (a run of its own,
-      # not counted, seed 0; after_warmup is called after it), then `rounds`
-      # runs back to back, run i with arrival seed i; the block runs after
-      # each.
-      def aged_open_runs(proc, kase, rate, after_warmup: nil)
-        open_run_on(proc, kase, rate, auto_warmup, 0, latencies: false) if auto_warmup.positive?
-        after_warmup&.call
-        Array.new(rounds) do |i|
-          out = open_run_on(proc, kase, rate, open_seconds, i + 1)
-          yield if block_given?
-          out
-        end
+      def fixed_result(kase, t, rate, runs)
+        p99 = pooled_percentile(runs, 0.99)
+        sustained = self.class.sustained?(runs)
+        goodput = runs.sum { |m| m["goodput_rps"].to_f } / runs.size
+        ctx.log format("advice: %s fixed %d threads open %.1f req/s: p99 %.1f ms (runs %s), goodput %.1f req/s%s", kase.label, t,
+                       rate, p99.to_f, runs.map { |m| m["p99_ms"].to_f.round(1) }.inspect, goodput, sustained ? "" : ", behind")
+        { "threads" => t, "p99_ms" => p99, "p50_ms" => pooled_percentile(runs, 0.5), "runs_p99_ms" => runs.map { |m| m["p99_ms"] },
+          "late" => runs.map { |m| m["late"].to_i }, "errors" => runs.sum { |m| m["errors"].to_i },
+          "goodput_rps" => goodput.round(2), "sustained" => sustained }
+      end
+
+      # Auto's count after its warm-up and after each run, its changes in
+      # the measured runs (`moved`: it had not settled) and its `threads:`
+      # log lines.
+      def auto_result(kase, s)
+        runs = s["runs"]
+        warmed = s["warmed"]
+        lines = File.readlines(s["proc"].log_path).grep(/threads: \d+ -> \d+/).map(&:strip)
+        a = auto_stats(s)
+        moved = a && warmed ? a["changes"].to_i - warmed["changes"].to_i : nil
+        ctx.log format("advice: %s auto: p99 runs %s, threads %s after the warm-up, %s after each run (%s changes in " \
+                       "the runs); %d changes: %s", kase.label, runs.map { |m| m["p99_ms"].to_f.round(1) }.inspect,
+                       warmed&.dig("target_threads").inspect, s["per_run"].inspect, moved.inspect, lines.size,
+                       lines.last(3).join(" | "))
+        { "p99_ms" => pooled_percentile(runs, 0.99), "p50_ms" => pooled_percentile(runs, 0.5),
+          "runs_p99_ms" => runs.map { |m| m["p99_ms"] }, "threads" => a&.dig("target_threads"),
+          "threads_after_warmup" => warmed&.dig("target_threads"), "threads_per_run" => s["per_run"],
+          "moved" => moved, "model_threads" => a&.dig("model_threads"), "model_open_threads" => a&.dig("model_open_threads"),
+          "reason" => a&.dig("reason"), "log" => lines, "late" => runs.map { |m| m["late"].to_i },
+          "errors" => runs.sum { |m| m["errors"].to_i } }
       end
 
       def open_run_on(proc, kase, rate, seconds, seed, latencies: true)
