@@ -36,11 +36,12 @@ class AutoTunerTest < Minitest::Test
 
   # A runner whose child got no CPU in time (idle priority on a busy CPU).
   class StarvedRunner
-    attr_accessor :priority
+    attr_accessor :priority, :timeout
     attr_reader :calls
 
     def initialize
       @priority = :idle
+      @timeout = Serval::Auto::Tuner::IDLE_TIMEOUT
       @calls = 0
     end
 
@@ -65,9 +66,23 @@ class AutoTunerTest < Minitest::Test
     assert_equal 0, in_process, "never run in the server process after a timeout"
     assert_equal 2, runner.calls
     assert_equal :batch, runner.priority
+    assert_equal Serval::Auto::ModelProcess::TIMEOUT, runner.timeout, "a batch child gets the full timeout"
     assert_equal 1, log.warnings.size
     assert_match(/no CPU at idle priority.*nice 0, SCHED_BATCH/, log.warnings.first)
     assert_equal 0, t.stats[:model_runs]
+  end
+
+  # Auto's own child waits IDLE_TIMEOUT at idle priority, a third of the
+  # default: on a saturated process the first model comes that much sooner.
+  def test_the_tuner_gives_its_idle_child_a_shorter_timeout
+    t = tuner
+    t.start
+    runner = t.instance_variable_get(:@runner)
+    assert_instance_of Serval::Auto::ModelProcess, runner
+    assert_equal Serval::Auto::Tuner::IDLE_TIMEOUT, runner.timeout
+    assert_operator Serval::Auto::Tuner::IDLE_TIMEOUT, :<, Serval::Auto::ModelProcess::TIMEOUT
+  ensure
+    t&.stop
   end
 
   # A runner whose child ended (EOF on its pipe).

@@ -58,6 +58,9 @@ module Serval
 
       attr_reader :pid
 
+      # Seconds for one answer; a new value holds from the next call on.
+      attr_accessor :timeout
+
       def priority = PRIORITIES.key(@priority)
 
       # For the next child (the current one, if any, keeps its own).

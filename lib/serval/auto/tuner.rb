@@ -24,6 +24,13 @@ module Serval
       MODEL_MAX_GAP = 24 # most intervals between model runs while its knee stays the same
       RATE_DRIFT = 0.2  # the arrival rate moved this much from the model's: run it again
       PRIORITY = -3     # below request threads: the model's Ruby yields to them
+      # Seconds the model's child gets at idle priority before the run is
+      # skipped and later runs go to SCHED_BATCH. A run takes 0.2-1 s of
+      # CPU; a child that has not answered in 10 s had less than a tenth of
+      # the CPU to itself, and the process is as good as saturated. (At
+      # ModelProcess::TIMEOUT, 30 s, auto's first change on a saturated
+      # process came 40-60 s after its start, bench/NOTES.md "Session 31".)
+      IDLE_TIMEOUT = 10.0
 
       # runner: what runs the model (a ModelProcess from #start on; nil: in
       # this process, as tests do).
@@ -60,7 +67,7 @@ module Serval
       def start
         resize(@controller.target) if @pool.max != @controller.target
         @sampler ||= Sampler.new
-        @runner ||= ModelProcess.new
+        @runner ||= ModelProcess.new(timeout: IDLE_TIMEOUT)
         # with fair_timeslice on (Ruby 3.3+), the model's runs give the GVL to
         # waiting request threads every slice, as a request thread would
         @ticker = Ticker.new("serval-auto", @interval, @log_writer, priority: PRIORITY,
@@ -113,7 +120,8 @@ module Serval
       # the server keeps busy) is not replaced by a run here, which would take
       # the GVL from the requests then: the run is skipped (the controller
       # goes on with the last model) and later children run at nice 0 with
-      # SCHED_BATCH (a fair share, never preempting a request thread).
+      # SCHED_BATCH (a fair share, never preempting a request thread) and
+      # ModelProcess::TIMEOUT.
       def run_model(window, **options)
         return Model.call(window, **options) unless @runner
 
@@ -121,6 +129,7 @@ module Serval
       rescue ModelProcessTimeout => e
         if @runner.respond_to?(:priority=) && @runner.priority == :idle
           @runner.priority = :batch
+          @runner.timeout = ModelProcess::TIMEOUT if @runner.respond_to?(:timeout=)
           @log_writer.warn("threads: auto's model got no CPU at idle priority (#{e.message}); it now runs at nice 0, " \
                            "SCHED_BATCH")
         end
