@@ -394,6 +394,25 @@ class AutoControllerTest < Minitest::Test
     assert_equal 3, plain.target
   end
 
+  # Open arrivals at 87 % of what 15 threads serve by this interval, but
+  # past what any count keeps up with by the model's open-loop figures (its
+  # rate read a burst): saturation, so the 99.5 % knee, and no step down to
+  # a count with 2.5 % less capacity (bench/NOTES.md "Session 32"). The
+  # same model without open-loop figures: the 97 % knee, down.
+  def test_arrivals_no_count_keeps_up_with_are_saturation
+    inf = Float::INFINITY
+    rps = [30, 60, 90, 120, 150, 180, 210, 240, 270, 300, 330, 355, 360, 362, 364, 365]
+    model = { rps: rps, stall: Array.new(16, 0.0), p99: Array.new(16, inf), rate: 360.0 }
+    busy = -> { m(threads: 15, rps: 316, queue: 0.037, stall: 0.02, wall: 0.05, gvl: 0.84) }
+    c = controller(initial: 15, cooldown: 0, margin: 0)
+    4.times { refute c.observe(busy.call, model: model).changed, c.reason }
+    assert_match(/knee at 15 threads/, c.reason)
+    plain = controller(initial: 15, cooldown: 0, margin: 0)
+    2.times { plain.observe(busy.call, model: model.merge(p99: nil)) }
+    assert_equal 13, plain.target, plain.reason
+    assert_match(/the model gives 12 threads 355 req\/s, as many as 15/, plain.change_reason)
+  end
+
   # At part load two intervals' mean latencies differ by more than a thread
   # changes them: the measured-down rule (as many req/s, more stall, no
   # shorter latency) does not apply there; the predicted p99 decides. The

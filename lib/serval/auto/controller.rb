@@ -276,7 +276,13 @@ module Serval
         rps = model[:rps].map(&:to_f)
         top = [cap, rps.size].min
         here = rps[[n, rps.size].min - 1]
-        knee = Controller.knee(rps[0, top], saturated?(m, here) ? @s[:saturated_fraction] : @s[:fraction])
+        # arrivals that no count keeps up with by the model's open-loop
+        # figures are saturation too, whatever this interval's req/s read:
+        # at 86 % of capacity by one and "unbounded" by the other, the 97 %
+        # knee took 15 threads to 13 and p99 rose 1.5x (bench/NOTES.md
+        # "Session 32")
+        full = saturated?(m, here) || (model[:p99] && open_floor(model, cap).nil?)
+        knee = Controller.knee(rps[0, top], full ? @s[:saturated_fraction] : @s[:fraction])
         @want = (knee + @s[:margin]).clamp(@min, top)
         want = [@want, ceiling].min
         open = open_vote(m, model, cap, here)
