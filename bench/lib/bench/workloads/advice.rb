@@ -675,6 +675,7 @@ module Bench
           "runs_p99_ms" => runs.map { |m| m["p99_ms"] }, "threads" => a&.dig("target_threads"),
           "threads_after_warmup" => warmed&.dig("target_threads"), "threads_per_run" => s["per_run"],
           "moved" => moved, "model_threads" => a&.dig("model_threads"), "model_open_threads" => a&.dig("model_open_threads"),
+          "model_runs" => a&.dig("model_runs"),
           "reason" => a&.dig("reason"), "log" => lines, "late" => runs.map { |m| m["late"].to_i },
           "errors" => runs.sum { |m| m["errors"].to_i } }
       end
