@@ -54,6 +54,9 @@ module Bench
       def auto_load = Float(ENV.fetch("BENCH_ADVICE_AUTO_LOAD", "0.8"))
       def auto_check? = ENV.fetch("BENCH_ADVICE_AUTO", "1") != "0"
       def auto_warmup = Integer(ENV.fetch("BENCH_AUTO_WARMUP", "40"))
+      # What runs in auto's place: "auto", or a fixed count as a control
+      # (BENCH_ADVICE_AUTO_AS=13: the same slot, flags and control app).
+      def auto_as = ENV.fetch("BENCH_ADVICE_AUTO_AS", "auto")
       # The thread count the advice is measured at: the middle of the share's
       # sweep (the issue's "a middle thread count"), or BENCH_ADVICE_WINDOW_THREADS.
       def window_threads(share)
@@ -615,7 +618,7 @@ module Bench
             s["control"] = [Util.free_port, AdviceSource.token]
             extra = ["--control-url", "tcp://127.0.0.1:#{s['control'][0]}", "--control-token", s["control"][1]]
           end
-          s["proc"] = start_db_server(server, db_path, s["auto"] ? "auto" : s["threads"], kase: kase, extra: extra)
+          s["proc"] = start_db_server(server, db_path, s["auto"] ? auto_as : s["threads"], kase: kase, extra: extra)
           s["runs"] = []
           s["per_run"] = []
         end
