@@ -278,10 +278,11 @@ module Serval
         here = rps[[n, rps.size].min - 1]
         # arrivals that no count keeps up with by the model's open-loop
         # figures are saturation too, whatever this interval's req/s read:
-        # at 86 % of capacity by one and "unbounded" by the other, the 97 %
-        # knee took 15 threads to 13 and p99 rose 1.5x (bench/NOTES.md
-        # "Session 32")
-        full = saturated?(m, here) || (model[:p99] && open_floor(model, cap).nil?)
+        # at 87 % of capacity by one and "unbounded" by the other, the 97 %
+        # knee took 15 threads to 13, 2.5 % less capacity at 87 % load
+        # (bench/NOTES.md "Session 32")
+        floor = open_floor(model, cap)
+        full = saturated?(m, here) || (model[:p99] && floor.nil?)
         knee = Controller.knee(rps[0, top], full ? @s[:saturated_fraction] : @s[:fraction])
         @want = (knee + @s[:margin]).clamp(@min, top)
         want = [@want, ceiling].min
@@ -296,7 +297,6 @@ module Serval
           return [:up, want, format("requests queue; the model gives %d threads %.0f req/s (+%d %%, knee %d)",
                                     want, rps[want - 1], (gain * 100).round, knee)]
         end
-        floor = open_floor(model, cap)
         down = [want, floor.to_i].max
         if n >= want + @s[:slack] && n > down && stalling?(m) && !measured_gain?(n)
           return [:down, down, format("the model gives %d threads %.0f req/s, as many as %d (%.0f) with less stall%s",

@@ -606,9 +606,7 @@ module Bench
       # runs are minutes apart at most. A server's warm-up (auto_warmup s
       # of the arrivals, seed 0, not counted) comes right before its first
       # run. (Before session 32 each server ran alone, auto's last, four
-      # minutes after the fixed counts': its 1.21x at 10 % CPU in two bench
-      # runs was 0.80-1.07x alternated with a fixed count, bench/NOTES.md
-      # "Session 31".)
+      # minutes after the fixed counts': bench/NOTES.md "Session 32".)
       def open_compare(server, kase, db_path, counts, rate, auto: false)
         servers = counts.map { |t| { "threads" => t } }
         servers << { "auto" => true } if auto
