@@ -17,7 +17,7 @@ module Bench
   # seconds are sent but not counted.
   #
   #   ruby bench/lib/bench/open_loop.rb --url http://127.0.0.1:9292/work --rate 50 \
-  #        --duration 20 [--warmup 2] [--connections 64] [--seed 1] [--tag] [--latencies]
+  #        --duration 20 [--warmup 2] [--connections 64] [--seed 1] [--tag] [--latencies] [--series FILE]
   # prints one JSON object: rate, sent, completed, errors, late (sent more
   # than 10 ms after their time), p50_ms, p90_ms, p99_ms, max_ms, achieved_rps;
   # with --latencies also latencies_ms, every counted 200's latency (sorted),
@@ -42,7 +42,7 @@ module Bench
   class OpenLoop
     TAG_BASE = 10_000_000
     def initialize(host:, port:, path:, rate:, duration:, warmup: 2.0, connections: 64, seed: 1, timeout: 30.0,
-                   latencies: false, tag: false, mix: nil)
+                   latencies: false, tag: false, mix: nil, series: nil)
       raise ArgumentError, "rate must be > 0" unless rate.positive?
 
       @tag = tag && (seed * TAG_BASE)
@@ -55,6 +55,7 @@ module Bench
       @connections = connections
       @timeout = timeout
       @keep = latencies
+      @series = series
       rng = Random.new(seed)
       t = 0.0
       @schedule = []
@@ -95,12 +96,22 @@ module Bench
         elapsed: (last - start - @warmup).round(3),
         goodput_rps: (lat.size / [last - start - @warmup, @duration].max).round(2) }
       out[:latencies_ms] = lat.map { |l| (l * 1e3).round(2) } if @keep
+      write_series(results, start) if @series
       out
     end
 
     private
 
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+    # --series FILE: one line per counted request, in schedule order: its
+    # scheduled time (Unix seconds), its latency in ms and its status (0:
+    # none), to see when in a run the slow requests came.
+    def write_series(results, start)
+      epoch = Process.clock_gettime(Process::CLOCK_REALTIME) - now + start
+      rows = results.flat_map { |r| r[:series] }.sort_by(&:first)
+      File.write(@series, rows.map { |at, l, st| format("%.3f %.2f %d\n", epoch + at, l * 1e3, st.to_i) }.join)
+    end
 
     # "PATH@W,PATH@W" -> one path per scheduled request, drawn by weight.
     def self.draw_paths(spec, count, rng)
@@ -128,7 +139,7 @@ module Bench
     end
 
     def worker(start)
-      out = { latencies: [], shed: [], errors: 0, late: 0, last: 0.0 }
+      out = { latencies: [], shed: [], errors: 0, late: 0, last: 0.0, series: [] }
       sock = nil
       while (slot = take)
         at, index = slot
@@ -149,6 +160,7 @@ module Bench
         next if at < @warmup
 
         out[:last] = now
+        out[:series] << [at, now - due, status] if @series
         case status
         when 200 then out[:latencies] << (now - due)
         when 503 then out[:shed] << (now - due)
@@ -204,11 +216,12 @@ if $PROGRAM_NAME == __FILE__
     op.on("--latencies") { o[:latencies] = true }
     op.on("--tag") { o[:tag] = true }
     op.on("--mix SPEC") { |v| o[:mix] = v }
+    op.on("--series FILE") { |v| o[:series] = v }
   end.parse!
   abort "usage: open_loop.rb --url URL --rate R --duration S" unless o[:url] && o[:rate] && o[:duration]
   m = o[:url].match(%r{\Ahttp://([^:/]+):(\d+)(/.*)?\z}) or abort "open_loop.rb: --url must be http://HOST:PORT/PATH"
   lg = Bench::OpenLoop.new(host: m[1], port: Integer(m[2]), path: m[3] || "/", rate: o[:rate], duration: o[:duration],
                            warmup: o[:warmup], connections: o[:connections], seed: o[:seed],
-                           latencies: o.fetch(:latencies, false), tag: o.fetch(:tag, false), mix: o[:mix])
+                           latencies: o.fetch(:latencies, false), tag: o.fetch(:tag, false), mix: o[:mix], series: o[:series])
   puts JSON.generate(lg.run)
 end

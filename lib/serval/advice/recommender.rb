@@ -50,6 +50,10 @@ module Serval
       OPEN_ROOM = 1.02    # a count is tried open loop when its closed-loop req/s exceeds the rate by this
       P99_PAST = 2        # ... from one below the knee / advised count to this many past the knee_99 / advised count
 
+      GC_MAJOR_RATE = 2.0 # major GCs a second (most for want of free slots) that earn a warning (a steady
+                          # small heap ran 1-1.4; one running away 2 -> 23, bench/NOTES.md "Session 33")
+      GC_HEAP_GROWTH = 4  # the initial slots the warning suggests: this many times the heap's now
+
       RUBY31 = "Ruby 3.1 has no GVL hook: run is the CPU time of sampled requests and idle is wall - CPU, " \
                "which also holds the time spent waiting for the GVL; when requests stalled, this overstates " \
                "I/O and so the threads advised. Ruby 3.2+ measures run, idle and stall apart."
@@ -75,6 +79,7 @@ module Serval
         @warnings = []
         @reasons = []
         @warnings << RUBY31 unless w.gvl_split?
+        gc_warning
         return too_little if w.requests < @s[:min_requests] || w.measured < [@s[:min_requests] / 10, 1].max
 
         decide
@@ -90,6 +95,23 @@ module Serval
         { requests: @window.requests, needed: @s[:min_requests], enough_data: false, threads: nil, processes: nil,
           cpu_share: nil, max_rps_per_process: nil, running_threads: @window.max_threads,
           gvl_split: @window.gvl_split?, reasons: @reasons, warnings: @warnings }
+      end
+
+      # Major GCs that a small heap forces one after another (Timing::GcRecord):
+      # each stops every thread, so the requests' tail is the GC's, whatever
+      # the thread count; a larger initial heap ends them.
+      def gc_warning
+        g = @window.gc or return
+        rate = @window.major_gc_rate
+        return unless rate >= GC_MAJOR_RATE && g[:nofree] && g[:heap] && 2 * g[:nofree] >= g[:majors]
+
+        heap = g[:heap]
+        slots = ((heap[:slots] * GC_HEAP_GROWTH / 10_000.0).ceil * 10_000).to_i
+        @warnings << format("major GCs: %.1f a second over %.0f s, %d %% of them because the %d-byte heap (%d slots) had " \
+                            "no free slots after a minor GC; each stops every thread and lengthens the tail at any " \
+                            "thread count. A larger initial heap ends them: RUBY_GC_HEAP_%d_INIT_SLOTS=%d (Ruby 3.3+)",
+                            rate, g[:seconds], (100.0 * g[:nofree] / [g[:majors], 1].max).round.clamp(0, 100),
+                            heap[:slot_size], heap[:slots], heap[:index], slots)
       end
 
       def too_little

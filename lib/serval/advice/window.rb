@@ -79,7 +79,7 @@ module Serval
       attr_reader :route_samples
       attr_reader :requests, :max_threads, :seconds, :ruby, :io_waits, :pools, :samples, :histograms, :processes,
                   :handoff, :timeslice, :cpu_speed, :outside_cpu, :gvl_between, :idle_cpu_wait,
-                  :idle_send_wait, :idle_send_hidden, :cpu_per_request, :cpu_fit
+                  :idle_send_wait, :idle_send_hidden, :cpu_per_request, :cpu_fit, :gc
 
       def initialize(hash)
         h = symbolize(hash)
@@ -116,6 +116,7 @@ module Serval
         @idle_send_hidden = h[:idle_send_hidden] && Float(h[:idle_send_hidden]) # remote's time hidden in GVL waits
         raise ArgumentError, "idle_send_hidden must be in [-1, 10]" if @idle_send_hidden && !(@idle_send_hidden >= -1 && @idle_send_hidden <= 10)
         @loaded = loaded_of(h[:loaded])
+        @gc = gc_of(h[:gc])
         @route_samples = Array(h[:route_samples]).select { |r| r.is_a?(Hash) && r[:route] && r[:run] && r[:idle] }
         @pools = Array(h[:db_pools]).map do |p| # other_threads: DbPools.other_takers' threads
           { name: p[:name].to_s, size: Integer(p[:size]), other_threads: Integer(p[:other_threads] || 0).clamp(0, 100_000) }
@@ -126,6 +127,10 @@ module Serval
       end
 
       def gvl_split? = @gvl_split
+
+      # Major GCs a second over the window's gc figures (Timing::GcRecord);
+      # nil without them.
+      def major_gc_rate = @gc && @gc[:majors] / @gc[:seconds]
 
       # Requests a second one process served over the window (a cluster's
       # window sums its workers); nil without the window's length.
@@ -365,6 +370,24 @@ module Serval
         raise ArgumentError, "loaded requests and seconds must be >= 0" if out[:requests].negative? || !(out[:seconds] >= 0)
 
         out
+      end
+
+      # {seconds:, majors:, nofree:, heap: {index:, slot_size:, slots:}, ...}
+      # (Timing::GcRecord); nil without it or with no time between its snapshots.
+      def gc_of(g)
+        return nil if g.nil?
+        raise ArgumentError, "gc is {seconds:, majors:, ...}" unless g.is_a?(Hash)
+
+        seconds = Float(g[:seconds])
+        return nil unless seconds.positive? && seconds.finite?
+
+        majors = Integer(g[:majors])
+        nofree = g[:nofree] && Integer(g[:nofree])
+        raise ArgumentError, "gc majors and nofree must be >= 0" if majors.negative? || nofree&.negative?
+
+        heap = g[:heap].is_a?(Hash) ? { index: Integer(g[:heap][:index]), slot_size: Integer(g[:heap][:slot_size]), slots: Integer(g[:heap][:slots]) } : nil
+        { seconds: seconds, majors: majors, collections: g[:collections] && Integer(g[:collections]),
+          gc_time: g[:gc_time] && Float(g[:gc_time]), nofree: nofree, heap: heap }
       end
 
       def speeds_of(list)

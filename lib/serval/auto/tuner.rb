@@ -7,6 +7,7 @@ require "serval/auto/controller"
 require "serval/auto/sampler"
 require "serval/auto/model"
 require "serval/auto/model_process"
+require "serval/auto/sample_table"
 
 module Serval
   module Auto
@@ -123,7 +124,7 @@ module Serval
       # SCHED_BATCH (a fair share, never preempting a request thread) and
       # ModelProcess::TIMEOUT.
       def run_model(window, **options)
-        return Model.call(window, **options) unless @runner
+        return Model.call(SampleTable.unpack(window), **options) unless @runner
 
         @runner.call(window, **options)
       rescue ModelProcessTimeout => e
@@ -139,7 +140,7 @@ module Serval
 
         @log_writer.warn("threads: auto runs its model in the server process this time (#{e.message})") unless @runner_failed
         @runner_failed = true
-        Model.call(window, **options)
+        Model.call(SampleTable.unpack(window), **options)
       end
 
       # The open-loop figures are for the rate the model ran at; a rate that
@@ -151,8 +152,7 @@ module Serval
 
       def refresh_model(rate)
         @model_tick = @ticks
-        window = @server.window
-        return unless window
+        window = packed_window or return
 
         model = run_model(window, max: @controller.max, rate: rate.positive? ? rate : nil, through: @pool.max)
         return unless model
@@ -164,6 +164,16 @@ module Serval
           @model = model
           @model_at = Time.now
         end
+      end
+
+      # The window with its samples packed by column (SampleTable): the
+      # thousands of Hashes it is read as are garbage before the run, which
+      # waits for the child up to IDLE_TIMEOUT. Held through it, they aged
+      # into the old generation and a small heap went into back-to-back
+      # major GCs (bench/NOTES.md "Session 33").
+      def packed_window
+        window = @server.window
+        window && SampleTable.pack(window)
       end
 
       def apply(decision)

@@ -2,6 +2,7 @@
 
 require "serval/keys"
 require "serval/advice/hidden_remote"
+require "serval/timing/gc_record"
 
 module Serval
   class Timing
@@ -16,6 +17,7 @@ module Serval
     #     samples: [{queue:, run:, idle:, stall:, pool_wait:, wall:, lock:, shape:}],
     #     route_samples: [{route:, run:, idle:, stall:, wall:}] (Timing::Routes; only with requests),
     #     loaded: {requests:, seconds:} (#loaded),
+    #     gc: {seconds:, collections:, majors:, nofree:, ...} (GcRecord; from the second read on),
     #     sampled_from:, histograms: {queue: {bounds:, counts:, sum:}, ...} }
     #
     # Reading costs the reader, never a request. Samples are drawn at one
@@ -33,6 +35,7 @@ module Serval
     # two), which the model replays instead of splitting run and idle evenly.
     module Window
       FIGURES = %i[queue run idle stall pool_wait wall cpu lock].freeze
+      GC_RECORD = GcRecord.new # this process's, fed by every read
       CAP = WINDOW_BUCKETS * WINDOW_RESERVOIR # samples at most, one process or many
       DIGITS = 7 # samples rounded to 0.1 us: a smaller JSON answer
       SPEED_MIN_BUSY = 0.25 # a step's GVL held at least this share of it counts for cpu_speed
@@ -50,8 +53,9 @@ module Serval
       # steadiness: [step, [[at, held, cpu, proc, outside, idle_wait, idle_sampled, spans, send_wait,
       # send_gvl, filed_gvl], ...]] as
       # Native::GVL.steadiness gives it (tests inject it).
+      # gc: the GcRecord that gives the window's major GCs (tests inject one).
       def read(now: nil, max_threads: nil, db_pools: nil, gvl_split: Native::GVL.enabled?, rng: Random.new,
-               timeslice: nil, steadiness: :native, sends: :native)
+               timeslice: nil, steadiness: :native, sends: :native, gc: GC_RECORD)
         seconds, bounds, buckets = Timing.window_buckets(now)
         requests = buckets.sum { |b| b[1] }
         split = buckets.sum { |b| b[2] }
@@ -61,10 +65,17 @@ module Serval
           b[4].each_with_index { |c, i| counts[i / (bounds.size + 1)][i % (bounds.size + 1)] += c }
           b[5].each_with_index { |s, k| sums[k] += s }
         end
-        pools = { requests: buckets.map { |b| b[7] }, samples: buckets.map { |b| rows(b[6], b[8]) } }
-        samples, sampled_from = uniform(pools[:samples], pools[:requests], CAP, rng)
+        # a sample is picked as an Integer (bucket, row) and only the picked
+        # become Hashes: reading allocates a few objects per sample, not a
+        # dozen (a window of 3,072 samples read in a server at 300 req/s
+        # allocated 100k objects and pushed Ruby 3.3 into back-to-back
+        # major GCs, bench/NOTES.md "Session 33")
+        refs = buckets.each_with_index.map { |b, i| Array.new(b[6].size / FIGURES.size) { |r| (i << ROW_BITS) | r } }
+        picked, sampled_from = uniform(refs, buckets.map { |b| b[7] }, CAP, rng)
+        keys = gvl_split ? SPLIT_KEYS : PLAIN_KEYS
+        samples = picked.map { |ref| sample(buckets[ref >> ROW_BITS], ref & ROW_MASK, keys, gvl_split) }
         window = { requests: requests, seconds: seconds.round(3), max_threads: max_threads, gvl_split: gvl_split,
-                   ruby: RUBY_VERSION, samples: samples.map { |s| sample(s, gvl_split) }, sampled_from: sampled_from,
+                   ruby: RUBY_VERSION, samples: samples, sampled_from: sampled_from,
                    histograms: histograms(bounds, counts, sums) }
         window[:io_waits] = (buckets.sum { |b| b[3] }.to_f / split).round(3) if split.positive?
         at = now || Process.clock_gettime(Process::CLOCK_MONOTONIC)
@@ -91,6 +102,8 @@ module Serval
         window.merge!(waited) if waited
         window[:db_pools] = db_pools if db_pools
         window[:timeslice] = timeslice if timeslice
+        collected = gc&.read(seconds, now: at)
+        window[:gc] = collected if collected
         window
       end
 
@@ -141,6 +154,9 @@ module Serval
         merged[:timeslice] = slices.max if slices.any?
         pools = windows.flat_map { |w| w[:db_pools] || [] }
         merged[:db_pools] = pools.uniq { |p| p[:name] } if pools.any?
+        # a process's GC stops only its own requests: the worst process's
+        gcs = windows.filter_map { |w| w[:gc] if w[:gc].is_a?(Hash) && w[:gc][:seconds].to_f.positive? }
+        merged[:gc] = gcs.max_by { |g| g[:majors].to_f / g[:seconds].to_f } if gcs.any?
         merged
       end
 
@@ -384,18 +400,24 @@ module Serval
         [picked, total]
       end
 
-      def rows(flat, shapes)
-        flat.each_slice(FIGURES.size).each_with_index.map do |r, i|
-          row = FIGURES.zip(r).to_h
-          row[:shape] = shapes[i] if shapes && shapes[i]
-          row
-        end
-      end
+      ROW_BITS = 16 # a picked sample: bucket << ROW_BITS | its row in the bucket
+      ROW_MASK = (1 << ROW_BITS) - 1
+      # a sample's figures in the order it lists them, as [name, place in a native row]
+      SPLIT_KEYS = %i[queue run idle stall pool_wait wall cpu lock].map { |k| [k, FIGURES.index(k)] }.freeze
+      PLAIN_KEYS = %i[queue run idle cpu pool_wait wall].map { |k| [k, FIGURES.index(k)] }.freeze
 
-      def sample(row, gvl_split)
-        keys = gvl_split ? %i[queue run idle stall pool_wait wall cpu lock] : %i[queue run idle cpu pool_wait wall]
-        out = keys.each_with_object({}) { |k, h| h[k] = row[k].round(DIGITS) if row[k] }
-        out[:shape] = row[:shape].map { |v| v.round(DIGITS) } if gvl_split && row[:shape]
+      # Row `row` of a bucket's samples (flat: FIGURES.size values a row,
+      # nil where not measured) as a Hash, rounded to DIGITS.
+      def sample(bucket, row, keys, gvl_split)
+        flat = bucket[6]
+        at = row * FIGURES.size
+        out = {}
+        keys.each do |k, i|
+          v = flat[at + i]
+          out[k] = v.round(DIGITS) if v
+        end
+        shape = gvl_split && bucket[8] && bucket[8][row]
+        out[:shape] = shape.map { |v| v.round(DIGITS) } if shape
         out
       end
 

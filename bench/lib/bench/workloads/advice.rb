@@ -684,11 +684,20 @@ module Bench
       def open_run_on(proc, kase, rate, seconds, seed, latencies: true)
         argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), *kase.open_args(proc.port, strata: OPEN_STRATA),
                                "--rate", rate.to_s, "--duration", seconds.to_s, "--warmup", "0",
-                               "--seed", seed.to_s, *("--latencies" if latencies)])
+                               "--seed", seed.to_s, *("--latencies" if latencies), *series_args(proc, seed)])
         status, out, timed_out = Util.capture(argv, timeout: seconds + 60)
         raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
 
         JSON.parse(out.lines.last)
+      end
+
+      # BENCH_SERIES=1: each open-loop run also writes its requests' times
+      # and latencies (open_loop.rb --series) into the scratch directory
+      # (kept with BENCH_KEEP_LOGS), named by port, seed and start time.
+      def series_args(proc, seed)
+        return [] unless ENV["BENCH_SERIES"] == "1"
+
+        ["--series", File.join(ctx.scratch, format("series-%d-%d-%d.txt", proc.port, seed, Time.now.to_i))]
       end
 
       def pooled_percentile(runs, p) = Util.percentile(runs.flat_map { |m| m["latencies_ms"] }.sort, p)
