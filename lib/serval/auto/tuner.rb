@@ -168,9 +168,8 @@ module Serval
 
       # The window with its samples packed by column (SampleTable): the
       # thousands of Hashes it is read as are garbage before the run, which
-      # waits for the child up to IDLE_TIMEOUT. Held through it, they aged
-      # into the old generation and a small heap went into back-to-back
-      # major GCs (bench/NOTES.md "Session 33").
+      # waits for the child up to IDLE_TIMEOUT, instead of living through
+      # it (and the minor GCs meanwhile) into the old generation.
       def packed_window
         window = @server.window
         window && SampleTable.pack(window)

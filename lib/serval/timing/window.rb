@@ -67,9 +67,8 @@ module Serval
         end
         # a sample is picked as an Integer (bucket, row) and only the picked
         # become Hashes: reading allocates a few objects per sample, not a
-        # dozen (a window of 3,072 samples read in a server at 300 req/s
-        # allocated 100k objects and pushed Ruby 3.3 into back-to-back
-        # major GCs, bench/NOTES.md "Session 33")
+        # dozen (2,700 samples: 55k objects to read before, 10k now; the
+        # serving process's heap pays for them, bench/NOTES.md "Session 33")
         refs = buckets.each_with_index.map { |b, i| Array.new(b[6].size / FIGURES.size) { |r| (i << ROW_BITS) | r } }
         picked, sampled_from = uniform(refs, buckets.map { |b| b[7] }, CAP, rng)
         keys = gvl_split ? SPLIT_KEYS : PLAIN_KEYS
