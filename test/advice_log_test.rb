@@ -20,6 +20,7 @@ class AdviceLogTest < Minitest::Test
 
     def initialize = @queue = Queue.new
     def info(line) = @queue << [:info, line]
+    def warn(line) = @queue << [:warn, line]
     def error(line) = @queue << [:error, line]
     def exception(err, msg) = @queue << [:error, "#{msg}: #{err.message}"]
   end
@@ -62,6 +63,28 @@ class AdviceLogTest < Minitest::Test
            changed
     assert_equal [:info, changed], @log.queue.pop
     assert @log.queue.empty?
+  end
+
+  # A small heap's back-to-back major GCs (the window's gc figures): one
+  # warning line when they appear, none while they go on, another when they
+  # come back after a window without them.
+  def test_back_to_back_major_gcs_are_warned_of_once
+    runaway = { seconds: 50.0, majors: 400, nofree: 400, heap: { index: 0, slot_size: 40, slots: 40_933 } }
+    launcher = Launcher.new(AdviceWindows.window(1500, gc: runaway))
+    log = log_for(launcher)
+    line = log.check
+    warned = @log.queue.pop
+    assert_equal :warn, warned[0]
+    assert_match(/\Aadvice: major GCs: 8\.0 a second over 50 s, 100 % .*RUBY_GC_HEAP_0_INIT_SLOTS=170000/, warned[1])
+    assert_equal [:info, line], @log.queue.pop
+    log.check
+    assert @log.queue.empty?, "the same warning again: no line"
+    launcher.window = AdviceWindows.window(1500, gc: runaway.merge(majors: 20, nofree: 20))
+    log.check
+    assert @log.queue.empty?, "calm: no line"
+    launcher.window = AdviceWindows.window(1500, gc: runaway)
+    log.check
+    assert_equal :warn, @log.queue.pop[0], "back: warned again"
   end
 
   # With threads :auto the line's thread count is auto's, read from its

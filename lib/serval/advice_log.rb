@@ -164,6 +164,7 @@ module Serval
 
     # The line for one advice (logged), or nil when the decision is the same.
     def report(advice)
+      gc_warning(advice)
       return nil unless advice[:enough_data]
 
       autos = auto_stats(@launcher.stats)
@@ -176,7 +177,15 @@ module Serval
       @log_writer.info(line)
       line
     end
-    private :end_check, :report
+    # The advice's warning of a small heap's back-to-back major GCs, logged
+    # when it appears and not again until it has gone: no thread count
+    # shortens that tail, so it is worth a line of its own.
+    def gc_warning(advice)
+      text = advice[:gc_warning]
+      @log_writer.warn("advice: #{text}") if text && !@gc_warned
+      @gc_warned = !text.nil?
+    end
+    private :end_check, :report, :gc_warning
 
     def start
       require "serval/auto/model_process"

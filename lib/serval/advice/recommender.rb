@@ -44,6 +44,7 @@ module Serval
     #                        `threads`, saturated; share nil: not modelled)
     #   pool, database, machine, capacity (with target_rps), measured
     #   reasons, warnings    Arrays of sentences; summary: one line for the log
+    #   gc_warning           the warning of a small heap's back-to-back major GCs (also in warnings), or nil
     class Recommender
       TOP_FRACTION = 0.99 # knee_99
       P99_NEAR = 0.05     # p99_threads: counts whose p99 is within this share of the lowest are alike
@@ -78,8 +79,9 @@ module Serval
         w = @window
         @warnings = []
         @reasons = []
+        @gc_warning = nil
         @warnings << RUBY31 unless w.gvl_split?
-        gc_warning
+        warn_of_gc
         return too_little if w.requests < @s[:min_requests] || w.measured < [@s[:min_requests] / 10, 1].max
 
         decide
@@ -94,24 +96,25 @@ module Serval
       def base
         { requests: @window.requests, needed: @s[:min_requests], enough_data: false, threads: nil, processes: nil,
           cpu_share: nil, max_rps_per_process: nil, running_threads: @window.max_threads,
-          gvl_split: @window.gvl_split?, reasons: @reasons, warnings: @warnings }
+          gvl_split: @window.gvl_split?, reasons: @reasons, warnings: @warnings, gc_warning: @gc_warning }
       end
 
       # Major GCs that a small heap forces one after another (Timing::GcRecord):
       # each stops every thread, so the requests' tail is the GC's, whatever
       # the thread count; a larger initial heap ends them.
-      def gc_warning
+      def warn_of_gc
         g = @window.gc or return
         rate = @window.major_gc_rate
         return unless rate >= GC_MAJOR_RATE && g[:nofree] && g[:heap] && 2 * g[:nofree] >= g[:majors]
 
         heap = g[:heap]
         slots = ((heap[:slots] * GC_HEAP_GROWTH / 10_000.0).ceil * 10_000).to_i
-        @warnings << format("major GCs: %.1f a second over %.0f s, %d %% of them because the %d-byte heap (%d slots) had " \
+        @gc_warning = format("major GCs: %.1f a second over %.0f s, %d %% of them because the %d-byte heap (%d slots) had " \
                             "no free slots after a minor GC; each stops every thread and lengthens the tail at any " \
                             "thread count. A larger initial heap ends them: RUBY_GC_HEAP_%d_INIT_SLOTS=%d (Ruby 3.3+)",
                             rate, g[:seconds], (100.0 * g[:nofree] / [g[:majors], 1].max).round.clamp(0, 100),
                             heap[:slot_size], heap[:slots], heap[:index], slots)
+        @warnings << @gc_warning
       end
 
       def too_little
