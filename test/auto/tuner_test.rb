@@ -3,6 +3,9 @@
 require "test_helper"
 require "minitest/mock"
 require "serval/auto/tuner"
+require "serval/auto/model"
+require "open3"
+require "rbconfig"
 
 # The tuner's schedule of model runs: each is a burst of Ruby requests wait
 # behind, so while the model keeps giving the same knee it runs less often
@@ -200,5 +203,20 @@ class AutoTunerTest < Minitest::Test
     assert_includes runs, 26, "80 req/s is 60 % above the model's 50: run again at the first such interval"
     assert_equal 80.0, @rates[runs.index(26)]
     assert_operator runs.count { |r| r > 26 }, :<=, 1, "and then the gap again, not every tick: #{runs.inspect}"
+  end
+
+  # The model runs in its child: a server with auto keeps the advice
+  # library out of its heap (loaded, it is objects for the process's life
+  # in the heap a busy app fills). Loaded only for a run in this process.
+  def test_auto_in_the_server_does_not_load_the_model_until_it_runs_one_here
+    lib = File.expand_path("../../lib", __dir__)
+    model = %w[serval/advice.rb serval/auto/model.rb]
+    script = "f = -> { $LOADED_FEATURES.count { |p| #{model}.any? { |m| p.end_with?(m) } } }; " \
+             'require "serval/auto/tuner"; puts f.call; require "serval/auto/model"; puts f.call'
+    out, status = Open3.capture2e(RbConfig.ruby, "-I", lib, "-e", script) # bounded by the test helper
+    assert status.success?, out
+    before, after = out.split.map(&:to_i)
+    assert_equal 0, before, "the tuner alone loads none of the model's code"
+    assert_equal 2, after, "the model brings the advice library (else this test shows nothing)"
   end
 end

@@ -1,11 +1,9 @@
 # frozen_string_literal: true
 
-require "time"
 require "serval/ticker"
 require "serval/fairness"
 require "serval/auto/controller"
 require "serval/auto/sampler"
-require "serval/auto/model"
 require "serval/auto/model_process"
 require "serval/auto/sample_table"
 
@@ -87,8 +85,8 @@ module Serval
       def stats
         @mutex.synchronize do
           { target_threads: @controller.target, min_threads: @controller.min, max_threads: @controller.max,
-            reason: @controller.reason, change_reason: @controller.change_reason, changed_at: @changed_at&.utc&.iso8601(3), changes: @changes,
-            interval: @interval, model_threads: @model && knee(@model), model_at: @model_at&.utc&.iso8601(3),
+            reason: @controller.reason, change_reason: @controller.change_reason, changed_at: stamp(@changed_at), changes: @changes,
+            interval: @interval, model_threads: @model && knee(@model), model_at: stamp(@model_at),
             model_every: @model_gap, model_runs: @model_runs, model_open_threads: @model && open_best(@model),
             model_open_range: @controller.open_band,
             model_rate: @model && @model[:rate]&.round(2), model_p99_rate: @model && @model[:p99_rate]&.round(2) }
@@ -124,7 +122,7 @@ module Serval
       # SCHED_BATCH (a fair share, never preempting a request thread) and
       # ModelProcess::TIMEOUT.
       def run_model(window, **options)
-        return Model.call(SampleTable.unpack(window), **options) unless @runner
+        return model_here(window, options) unless @runner
 
         @runner.call(window, **options)
       rescue ModelProcessTimeout => e
@@ -140,6 +138,16 @@ module Serval
 
         @log_writer.warn("threads: auto runs its model in the server process this time (#{e.message})") unless @runner_failed
         @runner_failed = true
+        model_here(window, options)
+      end
+
+      # The model run in this process. Its code (Auto::Model and the advice
+      # library under it) loads only then: a server whose runs go to the child
+      # does not keep it. Loaded, it is some 1,700 more objects that live as
+      # long as the process in Ruby's smallest heap, which a busy app may have
+      # sized to its own live set (bench/NOTES.md "Session 34").
+      def model_here(window, options)
+        require "serval/auto/model"
         Model.call(SampleTable.unpack(window), **options)
       end
 
@@ -183,6 +191,10 @@ module Serval
         end
         @log_writer.info("threads: #{decision.from} -> #{decision.target} (#{decision.reason})")
       end
+
+      # ISO 8601 in UTC with milliseconds, as Time#iso8601(3) writes it
+      # (without loading time.rb into the server for two fields).
+      def stamp(time) = time&.utc&.strftime("%Y-%m-%dT%H:%M:%S.%LZ")
 
       def resize(target) = @pool.resize([@spawn_min, target].min, target)
 
