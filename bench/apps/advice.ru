@@ -23,6 +23,9 @@ require File.expand_path("../lib/bench/draws", __dir__)
 HEADERS = { "content-type" => "text/plain" }.freeze
 THREAD_CLOCK = Process::CLOCK_THREAD_CPUTIME_ID
 DB_PATH = ENV.fetch("FAKE_DB_SOCKET") { abort "advice.ru: FAKE_DB_SOCKET is not set" }
+# BURN_GARBAGE=1: the burn loop allocates as it did before session 34
+# (bench/gc_runs: a small heap's back-to-back major GCs, bench/NOTES.md)
+GARBAGE = ENV["BURN_GARBAGE"] == "1"
 STAMP = ENV["FAKE_DB_STAMP"] == "1" # send the query's CLOCK_MONOTONIC ns too (fake_db.rb logs the remote's real time)
 
 def burn(seconds)
@@ -30,7 +33,13 @@ def burn(seconds)
   a = 0
   b = 1
   while Process.clock_gettime(THREAD_CLOCK) < stop
-    200.times { a, b = b, (a + b) & 0xffffffff }
+    if GARBAGE
+      200.times { a, b = b, (a + b) & 0xffffffff } # the block's value: an Array an iteration
+    else
+      # nil: as the block's value the assignment would build an Array each
+      # iteration (millions a second, into a heap this small app never grows)
+      200.times { a, b = b, (a + b) & 0xffffffff; nil }
+    end
   end
   a
 end

@@ -108,7 +108,7 @@ module Serval
         return unless rate >= GC_MAJOR_RATE && g[:nofree] && g[:heap] && 2 * g[:nofree] >= g[:majors]
 
         heap = g[:heap]
-        slots = ((heap[:slots] * GC_HEAP_GROWTH / 10_000.0).ceil * 10_000).to_i
+        slots = (heap[:slots] * GC_HEAP_GROWTH / 10_000.0).ceil * 10_000
         @gc_warning = format("major GCs: %.1f a second over %.0f s, %d %% of them because the %d-byte heap (%d slots) had " \
                             "no free slots after a minor GC; each stops every thread and lengthens the tail at any " \
                             "thread count. A larger initial heap ends them: RUBY_GC_HEAP_%d_INIT_SLOTS=%d (Ruby 3.3+)",
