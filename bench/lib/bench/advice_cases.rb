@@ -31,7 +31,10 @@ module Bench
       def boot_timeout = ctx.boot_timeout
       # seconds of closed-loop load before a sweep point's measurement
       def sweep_warmup = workload.warmup
-      def window_warmup = 0 # s of load before the advice's window is counted
+      # s of load before the advice's window is counted (BENCH_ADVICE_WINDOW_WARMUP,
+      # 10): a window of a server's first seconds read 10 % CPU at 8 threads
+      # 7 % slower than the sweep's warm servers did (bench/NOTES.md "Session 34")
+      def window_warmup = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_WARMUP", "10"))
       # seconds of open-loop arrivals not counted on a fresh server
       def open_warmup = Integer(ENV.fetch("BENCH_ADVICE_OPEN_WARMUP", "2"))
 
