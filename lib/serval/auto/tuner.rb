@@ -143,7 +143,7 @@ module Serval
 
       # The model run in this process. Its code (Auto::Model and the advice
       # library under it) loads only then: a server whose runs go to the child
-      # does not keep it. Loaded, it is some 1,700 more objects that live as
+      # does not keep it. Loaded, it is some 1,200 more objects that live as
       # long as the process in Ruby's smallest heap, which a busy app may have
       # sized to its own live set (bench/NOTES.md "Session 34").
       def model_here(window, options)
