@@ -66,6 +66,13 @@ module Bench
       def window_requests = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_REQUESTS", quick? ? "1500" : "4000")) # or BENCH_ADVICE_WINDOW_DURATION s
       def window_max_seconds = Integer(ENV.fetch("BENCH_ADVICE_WINDOW_DURATION", "60"))
       def open_seconds = Integer(ENV.fetch("BENCH_ADVICE_OPEN_DURATION", quick? ? "15" : "20"))
+      # The advised count's runs, against the model's p99: long enough that
+      # the measured p99 is the long-run one the model gives. Near capacity
+      # a 15 s run's p99 rests on one or two busy periods and reads about
+      # 12 % under the long run's, one run from the next 0.7-1.3x (bench/NOTES.md
+      # "Session 35"); the auto check's runs compare servers with each
+      # other, at open_seconds.
+      def p99_seconds = Integer(ENV.fetch("BENCH_ADVICE_P99_DURATION", "60"))
       def rounds = [ctx.rounds, Integer(ENV.fetch("BENCH_ADVICE_ROUNDS", quick? ? "1" : "2"))].max
       def sweep_seconds = quick? ? Integer(ENV.fetch("BENCH_DURATION", "3")) : ctx.duration
       def warmup = [ctx.warmup, 1].min
@@ -86,7 +93,7 @@ module Bench
         "#{cases.map(&:label).join(', ')} (#{request_ms.round} ms requests with exponential CPU and #{queries} round trips to a " \
           "stand-in database at each CPU share; the others below); " \
           "advice from Serval at #{cases.map(&:window_threads).join("/")} threads, then " \
-          "sweep -c = threads (median of #{rounds}, #{sweep_seconds} s) and open-loop p99 (#{open_seconds} s runs), " \
+          "sweep -c = threads (median of #{rounds}, #{sweep_seconds} s) and open-loop p99 (#{p99_seconds} s runs), " \
           "#{auto_check? ? "threads :auto against the best fixed count open loop at #{(auto_load * 100).round} % of the best req/s, " : ''}" \
           "server on CPU #{ctx.server_cpu}"
       end
@@ -247,6 +254,20 @@ module Bench
         File.write(File.join(dir, "window-#{share}.json"), JSON.generate(@windows[share]))
       end
 
+      # With BENCH_ADVICE_WINDOWS=DIR an open-loop run's window is kept too,
+      # as DIR/open-SHARE-tTHREADS-sSEED.json, with the run's rate and
+      # measured latencies (sorted, ms) beside it: what the model's tail
+      # from a run's own window is checked against (bench/advice_replay).
+      def save_open_window(window, share, threads, seed, rate, run)
+        dir = ENV["BENCH_ADVICE_WINDOWS"]
+        return unless dir && window
+
+        FileUtils.mkdir_p(dir)
+        File.write(File.join(dir, "open-#{share}-t#{threads}-s#{seed}.json"),
+                   JSON.generate("window" => window, "rate" => rate, "threads" => threads, "seed" => seed,
+                                 "p99_ms" => run["p99_ms"], "latencies_ms" => run["latencies_ms"]))
+      end
+
       # /work requests the advice will rest on: the server's window, or its
       # access log when the advice comes from the log.
       def counted(proc, control_port, token)
@@ -349,7 +370,7 @@ module Bench
             point = model_at(kase, advice, rate) or
               raise Error, "no window to recompute the model's p99 at #{rate.round(1)} req/s (GET /window failed)"
           end
-          runs = Array.new(rounds) { |round| open_run(server, kase, db_path, threads, rate, round + 1) }
+          runs = Array.new(rounds) { |round| open_run(server, kase, db_path, threads, rate, round + 1, p99_seconds) }
           predicted = point["latency_p99"] * 1e3
           kept = runs.select { |m| on_schedule?(m) }
           kept = runs if kept.empty?
@@ -452,7 +473,7 @@ module Bench
       # mean run time differs from the next one's by up to 10 % (13.7 /
       # 15.2 ms at 70 % CPU, 2026-11-26), which near capacity moves p99 by
       # half: `own_*` separates the model's error from that drift.
-      def open_run(server, kase, db_path, threads, rate, seed)
+      def open_run(server, kase, db_path, threads, rate, seed, seconds = open_seconds)
         kase = as_case(kase)
         share = kase.label
         control_port = Util.free_port
@@ -460,13 +481,15 @@ module Bench
         extra = ["--control-url", "tcp://127.0.0.1:#{control_port}", "--control-token", token]
         with_db_server(server, db_path, threads, extra: extra, kase: kase) do |proc|
           argv = ctx.pin_client([RbConfig.ruby, File.join(__dir__, "..", "open_loop.rb"), *kase.open_args(proc.port, strata: OPEN_STRATA),
-                                 "--rate", rate.round(3).to_s, "--duration", open_seconds.to_s, "--warmup", kase.open_warmup.to_s,
+                                 "--rate", rate.round(3).to_s, "--duration", seconds.to_s, "--warmup", kase.open_warmup.to_s,
                                  "--seed", seed.to_s, "--latencies"])
-          status, out, timed_out = Util.capture(argv, timeout: open_seconds + 60)
+          status, out, timed_out = Util.capture(argv, timeout: seconds + 60)
           raise Error, "open_loop failed: #{out}" if timed_out || !status&.success?
 
           run = JSON.parse(out.lines.last).merge("command" => argv.join(" ").gsub(/127\.0\.0\.1:\d+/, "127.0.0.1:PORT"))
-          own = own_prediction(AdviceSource.window(control_port, token), rate)
+          window = AdviceSource.window(control_port, token)
+          save_open_window(window, kase.key, threads, seed, rate, run)
+          own = own_prediction(window, rate)
           ctx.log format("advice: %s run %d at %.1f req/s: p99 %.1f ms; the model from this run's window: %s", share,
                          seed, rate, run["p99_ms"].to_f, own ? format("p99 %.1f ms (max %.1f req/s)", own["p99_ms"], own["max_rps"]) : "-")
           run.merge("own" => own)
