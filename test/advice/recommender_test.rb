@@ -261,6 +261,21 @@ class AdviceRecommenderTest < Minitest::Test
     assert_raises(ArgumentError) { advise(win.merge(cpu_speed: [1.0, -0.5])) }
   end
 
+  # A window of under 30 s of busy steps: one pause of the machine would
+  # stand for a tenth of the time, so its dips are reported but not
+  # replayed - p99 under load as with a steady CPU.
+  def test_a_short_speed_trace_is_reported_and_not_replayed
+    win = window(self.class.samples(0.014, 0.006))
+    steady = advise(win)
+    short = advise(win.merge(cpu_speed: Array.new(40) { |i| i < 4 ? 0.6 : 1.0 }))
+    assert_equal 40, short[:cpu_steadiness][:steps]
+    assert_equal steady[:load], short[:load]
+    assert(short[:reasons].any? { |r| r.include?("40 busy 0.25 s steps") && r.include?("too few to replay") },
+           short[:reasons].inspect)
+    long = advise(win.merge(cpu_speed: Array.new(120) { |i| i < 12 ? 0.6 : 1.0 }))
+    assert_operator long[:load].last[:latency_p99], :>, steady[:load].last[:latency_p99] * 1.2, "120 steps: replayed"
+  end
+
   # The window's sampling error: the same model with the mean GVL time per
   # request at the ends of its 95 % interval brackets the answer.
   def test_precision_brackets_max_rps_and_p99

@@ -138,7 +138,7 @@ module Serval
         end
         profiles = workload.profiles(@s[:sim_requests], Random.new(@s[:seed]))
         @sim_options = workload.sim_options
-        sim = Simulation.new(profiles, quantum: quantum, handoff: @window.handoff, speed: @window.cpu_speed, **@sim_options)
+        sim = Simulation.new(profiles, quantum: quantum, handoff: @window.handoff, speed: @window.replayed_speed, **@sim_options)
         sweep = Sweep.new(sim, max: [@s[:sweep_max], @window.max_threads || 0].max, fraction: @s[:knee_fraction])
         knee = sweep.knee
         @reasons << format("throughput levels off at %d threads: %.1f req/s, %d %% of the best simulated (%.1f)",
@@ -227,9 +227,16 @@ module Serval
       def steadiness_note(st)
         return unless st
 
-        @reasons << format("p50 and p99 under load replay this CPU's speed over %d busy 0.25 s steps " \
-                           "(%d %% of them below 90 %% of full speed, the slowest at %d %%)",
-                           st[:steps], (st[:below_0_9] * 100).round, (st[:min] * 100).round)
+        @reasons << if @window.replayed_speed
+                      format("p50 and p99 under load replay this CPU's speed over %d busy 0.25 s steps " \
+                             "(%d %% of them below 90 %% of full speed, the slowest at %d %%)",
+                             st[:steps], (st[:below_0_9] * 100).round, (st[:min] * 100).round)
+                    else
+                      format("p50 and p99 under load take the CPU at its mean speed: %d busy 0.25 s steps " \
+                             "(%d %% of them below 90 %% of full speed) are too few to replay (%d: 30 s), " \
+                             "one pause of the machine would stand for too much of the time",
+                             st[:steps], (st[:below_0_9] * 100).round, Window::SPEED_REPLAY_MIN_STEPS)
+                    end
         return unless st[:below_0_9] >= Steadiness::UNSTEADY
 
         @warnings << format("the CPU is unsteady: %d %% of busy 0.25 s steps ran below 90 %% of full speed " \
@@ -426,7 +433,7 @@ module Serval
         return sim if n <= @s[:sim_requests]
 
         @open_sim ||= Simulation.new(workload.profiles(n, Random.new(@s[:seed])), quantum: quantum,
-                                     handoff: @window.handoff, speed: @window.cpu_speed, **workload.sim_options)
+                                     handoff: @window.handoff, speed: @window.replayed_speed, **workload.sim_options)
       end
 
       def load_points(sim, threads, max_rps)

@@ -34,7 +34,7 @@ module Serval
     #   was waiting for it (the releaser wakes it, the kernel schedules it),
     #   as the GVL hook measures them; capacity lost on every contended grant.
     # - `speed` (open loop only): the CPU's measured speed, one figure per
-    #   SPEED_STEP seconds (Window#cpu_speed), replayed in a loop from a
+    #   SPEED_STEP seconds (Window#replayed_speed), replayed in a loop from a
     #   random point: a CPU segment that starts at t lasts work / speed(t).
     #   The figures are scaled so that 1 / speed averages 1: the measured
     #   run times already contain the dips on average, so the replay keeps

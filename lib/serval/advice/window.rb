@@ -128,6 +128,18 @@ module Serval
 
       def gvl_split? = @gvl_split
 
+      # The fewest busy steps (0.25 s each: 30 s) whose speeds the open-loop
+      # model replays. This VM pauses now and then for a fraction of a
+      # second: over a minute that is a step or two in 240, but a 10 s window
+      # that happens to hold one pause reads it as a tenth of the time at
+      # 60 % speed and the replay lengthens p99 by a fifth or more (the
+      # bench's 20 % and 10 % CPU windows, bench/NOTES.md "Session 35").
+      # Fewer steps: no replay (the speeds still make cpu_steadiness).
+      SPEED_REPLAY_MIN_STEPS = 120
+
+      # cpu_speed when it has SPEED_REPLAY_MIN_STEPS steps or more, else nil.
+      def replayed_speed = @cpu_speed && @cpu_speed.size >= SPEED_REPLAY_MIN_STEPS ? @cpu_speed : nil
+
       # Major GCs a second over the window's gc figures (Timing::GcRecord);
       # nil without them.
       def major_gc_rate = @gc && @gc[:majors] / @gc[:seconds]

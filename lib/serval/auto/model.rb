@@ -55,7 +55,7 @@ module Serval
 
         sim = Advice::Simulation.new(workload.profiles(REQUESTS, Random.new(SEED)),
                                      quantum: w.timeslice || Advice::Simulation::QUANTUM, handoff: w.handoff,
-                                     speed: w.cpu_speed, # open-loop p99 replays the measured CPU speed
+                                     speed: w.replayed_speed, # open-loop p99 replays the measured CPU speed
                                      **workload.sim_options)
         rows = (1..max).map { |t| sim.closed(t) }
         at = open_rate(rows, rate, headroom)
