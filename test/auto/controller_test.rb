@@ -438,6 +438,29 @@ class AutoControllerTest < Minitest::Test
     assert_match(/6 threads served 125\.2 req\/s, 5 served 125\.0 with less stall/, d.reason)
   end
 
+  # At part load an interval serves what arrives: a lull at 6 threads is
+  # no measurement of what 6 threads serve, and a burst at 5 later does
+  # not make 5 "serve more with less waiting".
+  def test_a_part_load_interval_is_no_measure_of_its_count
+    inf = Float::INFINITY
+    model = { rps: [45, 80, 110, 140, 165, 185, 195, 198], stall: Array.new(8, 0.0),
+              p99: [inf, inf, inf, inf, 0.34, 0.30, 0.30, 0.31], rate: 154.0 }
+    run = lambda do |given|
+      c = controller(initial: 5, cooldown: 0, agree: 1, step: 1, margin: 0)
+      c.observe(m(threads: 5, rps: 150.0, queue: 0.09, stall: 0.010, wall: 0.05, gvl: 0.9), model: given)
+      c.instance_variable_set(:@target, 6) # as the part-load rule had moved it
+      [c, c.observe(m(threads: 6, rps: 120.2, queue: 0.09, stall: 0.0136, wall: 0.05, gvl: 0.7), model: given)]
+    end
+    c, d = run.call(model)
+    refute_match(/served/, d.reason)
+    d = c.observe(m(threads: 6, rps: 170.0, queue: 0.09, stall: 0.0136, wall: 0.05, gvl: 0.95), model: model)
+    refute_match(/served/, d.reason, "the lull at 6 threads was not remembered: 170 at 6 against 150 at 5")
+    refute_equal 5, d.target
+    _, d = run.call(nil) # no model: every queued interval counts, as before
+    assert_equal 5, d.target
+    assert_match(/6 threads served 120\.2 req\/s, 5 served 150\.0 with less stall/, d.reason)
+  end
+
   def test_the_default_target_is_the_models_knee
     assert_equal 0, Controller::DEFAULTS[:margin]
   end
