@@ -426,18 +426,16 @@ module Serval
         @max
       end
 
-      # Throughput and stall at a thread count, kept only while requests
-      # queued (otherwise req/s measures the clients, not the threads).
-      # An interval counts for the comparison of counts (measured_down,
-      # measured_gain?) when requests queued in it and, where the model ran
-      # at part load (it has open-loop p99s for the arrivals), its arrivals
-      # came near what the model says its count serves (saturated?): at part
-      # load an interval serves what arrives, so a lull at 6 threads (120
-      # req/s) against a burst at 5 (150) read "5 served more with less
-      # waiting" and took 6 threads to 5 (mixed routes at 80 % load,
-      # bench/NOTES.md "Session 35"). A closed-loop model (no p99) may
-      # promise more than the count serves: there every queued interval
-      # counts, the measured rules' point.
+      # Throughput and stall at a thread count, for the comparison of counts
+      # (measured_down, measured_gain?): kept only while requests queued
+      # (otherwise req/s measures the clients, not the threads) and, where
+      # the model has open-loop p99s for the measured arrivals, only when
+      # they came near what the model says the count serves (saturated?, as
+      # open_vote decides part load): at part load an interval serves what
+      # arrives, so a lull at 6 threads (120 req/s) against a burst at 5
+      # (150) read "5 served more with less waiting" and took 6 threads to 5
+      # (mixed routes at 80 % load, bench/NOTES.md "Session 35"). Without
+      # p99s (no arrival rate) every queued interval counts.
       def remember(m, model = nil)
         @seen.delete_if { |_, v| v[2] < @tick - @s[:memory] }
         return unless m.threads && m.requests >= @s[:min_requests] && m.queue_p90.to_f > @s[:queue_target]
