@@ -256,8 +256,9 @@ module Bench
 
       # With BENCH_ADVICE_WINDOWS=DIR an open-loop run's window is kept too,
       # as DIR/open-SHARE-tTHREADS-sSEED.json, with the run's rate and
-      # measured latencies (sorted, ms) beside it: what the model's tail
-      # from a run's own window is checked against (bench/advice_replay).
+      # measured latencies (sorted, ms) beside it: the model's tail from a
+      # run's own window against that run's, percentile by percentile
+      # (bench/NOTES.md "Session 35").
       def save_open_window(window, share, threads, seed, rate, run)
         dir = ENV["BENCH_ADVICE_WINDOWS"]
         return unless dir && window
