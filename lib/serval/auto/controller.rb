@@ -275,7 +275,7 @@ module Serval
         n = @target
         rps = model[:rps].map(&:to_f)
         top = [cap, rps.size].min
-        here = rps[[n, rps.size].min - 1]
+        here = at_count(rps, n)
         # arrivals that no count keeps up with by the model's open-loop
         # figures are saturation too, whatever this interval's req/s read:
         # at 87 % of capacity by one and "unbounded" by the other, the 97 %
@@ -322,7 +322,7 @@ module Serval
         return nil unless p99 && !saturated?(m, here_rps)
 
         n = @target
-        now = p99[[n, p99.size].min - 1]
+        now = at_count(p99, n)
         return [:hold, n, "part load; the model has no p99 for #{n} threads yet"] unless now
 
         lo, target, best = open_target(p99, [cap, ceiling, p99.size].min)
@@ -371,6 +371,12 @@ module Serval
       # The process serves (near) all the model says its count can: a closed
       # loop, or arrivals at or past capacity.
       def saturated?(m, here_rps) = m.rps >= @s[:open_load] * here_rps
+
+      # A model's figure (rps, p99: one per count from 1) at n threads, the
+      # last one past the list's end; nil for an empty list.
+      def at_count(list, n)
+        list[[n, list.size].min - 1] unless list.empty?
+      end
 
       def ms(seconds) = seconds.finite? ? format("%.0f ms", seconds * 1e3) : "unbounded"
 
@@ -440,8 +446,8 @@ module Serval
         @seen.delete_if { |_, v| v[2] < @tick - @s[:memory] }
         return unless m.threads && m.requests >= @s[:min_requests] && m.queue_p90.to_f > @s[:queue_target]
 
-        rps = model && model[:p99] && model[:rps]
-        return if rps && !rps.empty? && !saturated?(m, rps[[m.threads, rps.size].min - 1].to_f)
+        here = model && model[:p99] && at_count(model[:rps], m.threads)
+        return if here && !saturated?(m, here.to_f)
 
         now = [m.rps, m.waiting, @tick, m.latency]
         old = @seen[m.threads]
